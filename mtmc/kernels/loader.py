@@ -1,0 +1,69 @@
+"""Load generated source as a module and build inputs for a spec.
+
+Triton's @jit reads the kernel's source with `inspect`, so generated code must live in a real
+file: each load writes it to a content-addressed file under a cache directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from mtmc.kernels.family import TensorArg
+from mtmc.kernels.spec import KernelSpec
+
+_CACHE_DIR = Path(os.environ.get("MTMC_SOURCE_CACHE", Path(tempfile.gettempdir()) / "mtmc-sources"))
+
+
+def load_source(source: str, name: str = "candidate"):
+    """Import `source` as a fresh module (a new module object on every call)."""
+    _CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    path = _CACHE_DIR / f"{name}_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    return load_file(path, f"mtmc_gen_{name}_{digest}")
+
+
+def load_file(path: str | os.PathLike, module_name: str | None = None):
+    path = Path(path)
+    module_name = module_name or f"mtmc_file_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and triton look modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, name)
+
+
+def make_tensor(arg: TensorArg, dims: dict[str, int], spec_dtype: str, device, generator):
+    """A fresh random tensor for one input, drawn on the CPU from `generator` (so one seed gives
+    the same values on any device) and moved to `device`."""
+    import torch
+    shape = arg.concrete_shape(dims)
+    dtype = torch_dtype(arg.dtype or spec_dtype)
+    if arg.init == "randn":
+        t = torch.randn(shape, generator=generator, dtype=torch.float32)
+    elif arg.init == "uniform":
+        t = torch.rand(shape, generator=generator, dtype=torch.float32) * 2 - 1
+    elif arg.init == "positive":
+        t = torch.rand(shape, generator=generator, dtype=torch.float32) + 0.5
+    else:
+        raise ValueError(f"unknown init {arg.init!r}")
+    return t.to(dtype).to(device)
+
+
+def make_inputs(spec: KernelSpec, dims: dict[str, int], device="cpu", seed: int | None = None):
+    import torch
+    from mtmc.kernels.catalog import family_of
+    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
+    return [make_tensor(a, dims, spec.dtype, device, gen) for a in family_of(spec).inputs(spec)]

@@ -1,0 +1,109 @@
+"""The pointwise op vocabulary shared by elementwise chains and fused epilogues.
+
+A chain is a list of steps, each a dict: {"op": NAME} plus "value" for scalar steps.  Every op
+has a Triton expression (computed in fp32 inside kernels) and a torch expression (the reference,
+run in float64 by the verifier and in the native dtype for eager timing).  Operand steps read a
+second tensor: "bias" a vector over the last dim N, the binary ops a full [M, N] tensor.
+"""
+from __future__ import annotations
+
+# name -> (triton expression, torch expression); {x} is the running value.
+UNARY = {
+    "relu": ("tl.maximum({x}, 0.0)", "torch.relu({x})"),
+    "gelu": ("0.5 * {x} * (1.0 + tl.math.erf({x} * 0.7071067811865476))",
+             "torch.nn.functional.gelu({x})"),
+    "gelu_tanh": ("0.5 * {x} * (1.0 + (2.0 * tl.sigmoid(1.5957691216057308 * ({x} + 0.044715 * {x} * {x} * {x})) - 1.0))",
+                  "torch.nn.functional.gelu({x}, approximate='tanh')"),
+    "silu": ("{x} * tl.sigmoid({x})", "torch.nn.functional.silu({x})"),
+    "sigmoid": ("tl.sigmoid({x})", "torch.sigmoid({x})"),
+    # tanh through sigmoid: tl.math.tanh is missing from some Triton versions and the interpreter.
+    "tanh": ("(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)", "torch.tanh({x})"),
+    "exp": ("tl.exp({x})", "torch.exp({x})"),
+    "abs": ("tl.abs({x})", "torch.abs({x})"),
+    "neg": ("(-{x})", "(-{x})"),
+    "square": ("({x} * {x})", "({x} * {x})"),
+}
+# name -> (triton, torch); {v} is the step's scalar "value".
+SCALAR = {
+    "scale": ("({x} * {v})", "({x} * {v})"),
+    "shift": ("({x} + {v})", "({x} + {v})"),
+    "leaky_relu": ("tl.where({x} >= 0.0, {x}, {x} * {v})", "torch.nn.functional.leaky_relu({x}, {v})"),
+    "clamp_min": ("tl.maximum({x}, {v})", "torch.clamp({x}, min={v})"),
+    "clamp_max": ("tl.minimum({x}, {v})", "torch.clamp({x}, max={v})"),
+}
+# name -> (triton, torch); {y} is the operand tensor's value.
+BINARY = {
+    "residual": ("({x} + {y})", "({x} + {y})"),
+    "add": ("({x} + {y})", "({x} + {y})"),
+    "sub": ("({x} - {y})", "({x} - {y})"),
+    "mul": ("({x} * {y})", "({x} * {y})"),
+    "maximum": ("tl.maximum({x}, {y})", "torch.maximum({x}, {y})"),
+    "minimum": ("tl.minimum({x}, {y})", "torch.minimum({x}, {y})"),
+}
+# "bias" adds a vector over the last dim; its operand is [N].
+VECTOR = {"bias": ("({x} + {y})", "({x} + {y})")}
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "leaky_relu")
+
+
+def all_ops() -> set[str]:
+    return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR)
+
+
+def validate_chain(chain: list[dict]) -> None:
+    for step in chain:
+        op = step.get("op")
+        if op not in all_ops():
+            raise ValueError(f"unknown pointwise op {op!r}; known: {', '.join(sorted(all_ops()))}")
+        if op in SCALAR and not isinstance(step.get("value"), (int, float)):
+            raise ValueError(f"pointwise op {op!r} needs a numeric 'value'")
+
+
+def operand_kind(step: dict) -> str | None:
+    """"full" for an [M, N] operand, "vector" for an [N] one, None for no operand."""
+    if step["op"] in BINARY:
+        return "full"
+    if step["op"] in VECTOR:
+        return "vector"
+    return None
+
+
+def operands(chain: list[dict]) -> list[tuple[str, str]]:
+    """(input name, kind) for each step that reads an operand, in chain order."""
+    out = []
+    for i, step in enumerate(chain):
+        kind = operand_kind(step)
+        if kind:
+            out.append((f"{step['op']}{i}", kind))
+    return out
+
+
+def _expr(table_index: int, chain: list[dict], x: str, operand_names: dict[int, str]) -> str:
+    for i, step in enumerate(chain):
+        op = step["op"]
+        if op in UNARY:
+            x = UNARY[op][table_index].format(x=x)
+        elif op in SCALAR:
+            x = SCALAR[op][table_index].format(x=x, v=repr(float(step["value"])))
+        elif op in BINARY:
+            x = BINARY[op][table_index].format(x=x, y=operand_names[i])
+        else:
+            x = VECTOR[op][table_index].format(x=x, y=operand_names[i])
+    return x
+
+
+def triton_expr(chain: list[dict], x: str, operand_names: dict[int, str]) -> str:
+    """Triton expression applying `chain` to fp32 value `x`; operand_names maps a step's index
+    to the (already loaded, fp32) variable holding its operand."""
+    return _expr(0, chain, x, operand_names)
+
+
+def torch_expr(chain: list[dict], x: str, operand_names: dict[int, str]) -> str:
+    return _expr(1, chain, x, operand_names)
+
+
+def describe_chain(chain: list[dict]) -> str:
+    parts = []
+    for step in chain:
+        parts.append(f"{step['op']}({step['value']})" if "value" in step else step["op"])
+    return " -> ".join(parts) if parts else "identity"
