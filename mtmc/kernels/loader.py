@@ -45,25 +45,24 @@ def torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def make_tensor(arg: TensorArg, dims: dict[str, int], spec_dtype: str, device, generator):
-    """A fresh random tensor for one input, drawn on the CPU from `generator` (so one seed gives
-    the same values on any device) and moved to `device`."""
+def random_tensor(shape, dtype: str, init: str, generator, device="cpu"):
+    """A fresh random tensor, drawn on the CPU from `generator` (one seed gives the same values
+    on any device) and moved to `device`.  Self-contained: kernel files embed its source."""
     import torch
-    shape = arg.concrete_shape(dims)
-    dtype = torch_dtype(arg.dtype or spec_dtype)
-    if arg.init == "randn":
+    if init == "randn":
         t = torch.randn(shape, generator=generator, dtype=torch.float32)
-    elif arg.init == "uniform":
+    elif init == "uniform":
         t = torch.rand(shape, generator=generator, dtype=torch.float32) * 2 - 1
-    elif arg.init == "positive":
+    elif init == "positive":
         t = torch.rand(shape, generator=generator, dtype=torch.float32) + 0.5
     else:
-        raise ValueError(f"unknown init {arg.init!r}")
-    return t.to(dtype).to(device)
+        raise ValueError(f"unknown init {init!r}")
+    return t.to(getattr(torch, dtype)).to(device)
 
 
 def make_inputs(spec: KernelSpec, dims: dict[str, int], device="cpu", seed: int | None = None):
     import torch
     from mtmc.kernels.catalog import family_of
     gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
-    return [make_tensor(a, dims, spec.dtype, device, gen) for a in family_of(spec).inputs(spec)]
+    return [random_tensor(a.concrete_shape(dims), a.dtype or spec.dtype, a.init, gen, device)
+            for a in family_of(spec).inputs(spec)]

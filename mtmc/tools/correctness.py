@@ -54,8 +54,9 @@ def poisoned_output(spec: KernelSpec, dims: dict, device):
     return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)
 
 
-def judge(spec: KernelSpec, out, ref, scale) -> tuple[bool, str, float, float]:
-    """Compare the kernel's output with the float64 reference; scale is the error magnitude."""
+def judge(dtype: str, out, ref, scale) -> tuple[bool, str, float, float]:
+    """Compare a kernel's `dtype` output with the float64 reference; scale is the error magnitude.
+    Self-contained (torch and math only): the standalone kernel files embed its source."""
     import torch
     out64 = out.detach().to("cpu", torch.float64)
     ref64 = ref.detach().to("cpu", torch.float64)
@@ -64,10 +65,10 @@ def judge(spec: KernelSpec, out, ref, scale) -> tuple[bool, str, float, float]:
     if torch.isnan(out64).any() and not torch.isnan(ref64).any():
         n = int(torch.isnan(out64).sum())
         return False, f"{n} output elements are NaN (unwritten or invalid)", math.inf, math.inf
-    rtol = RTOL[spec.dtype]
+    rtol = RTOL[dtype]
     scale64 = scale.detach().to("cpu", torch.float64).abs().expand_as(ref64)
     rms = float(scale64.pow(2).mean().sqrt()) if scale64.numel() else 0.0
-    atol = rtol * 0.05 * rms + ATOL_FLOOR[spec.dtype]
+    atol = rtol * 0.05 * rms + ATOL_FLOOR[dtype]
     diff = (out64 - ref64).abs()
     bound = atol + rtol * scale64
     max_abs = float(diff.max()) if diff.numel() else 0.0
@@ -104,7 +105,7 @@ def check(spec: KernelSpec, source: str, dims: dict | None = None, device: str =
         else:
             ref = ns["reference"](*cpu64)
             scale = ns["error_scale"](*cpu64) if "error_scale" in ns else ref.abs()
-            ok, reason, max_abs, max_rel = judge(spec, out, ref, scale)
+            ok, reason, max_abs, max_rel = judge(spec.dtype, out, ref, scale)
         worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
         if not ok:
             return CheckResult(False, reason, max_abs, max_rel, _ + 1, dims, device)

@@ -1,0 +1,16 @@
+"""Run-time context of one graph run: what it may use, not what it has found."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Context:
+    target: str = "auto"          # hardware profile name; "auto" = the present GPU, else H200
+    max_steps: int = 8            # planner moves after the first draft
+    max_debug: int = 3            # debugger fixes per failing lineage before a roll-back
+    patience: int = 3             # measured moves without gain before the planner stops
+    timeout_s: float = 240.0      # wall time for one verification in the child process
+    use_gpu: bool | None = None   # None: use one when present
+    out_path: str | None = None   # where finalize writes the kernel file
+    llm: object | None = None     # an optional chat model (langchain); None = offline

@@ -1,0 +1,55 @@
+"""finalize node: write the kernel file and the answer in words."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from langgraph.runtime import Runtime
+
+from mtmc.agents.context import Context
+from mtmc.agents.events import emit
+from mtmc.agents.state import State
+from mtmc.kernels.codegen import standalone_source
+from mtmc.kernels.spec import KernelSpec
+from mtmc.paths import artifacts_dir
+from mtmc.tools.hardware import resolve
+
+
+def timing_line(verdict: dict, baselines: dict | None) -> str:
+    timing = verdict.get("timing") or {}
+    if not verdict.get("measured"):
+        return f"time: {verdict.get('time_ms', float('nan')):.4f} ms ({timing.get('label', 'estimate, no GPU')})"
+    parts = [f"time: {verdict['time_ms']:.4f} ms measured on {timing.get('device', 'GPU')}"]
+    for name in ("eager", "compile"):
+        ms = (baselines or {}).get(f"{name}_ms")
+        if isinstance(ms, (int, float)) and ms > 0:
+            label = "PyTorch eager" if name == "eager" else "torch.compile"
+            parts.append(f"{ms / verdict['time_ms']:.2f}x vs {label} ({ms:.4f} ms)")
+    return "; ".join(parts)
+
+
+def summary_text(spec: KernelSpec, best: dict, baselines: dict | None, target: str) -> str:
+    verdict = best["verdict"]
+    corr = verdict.get("correctness") or {}
+    return "\n".join([
+        f"Request: {spec.request or spec.describe()}",
+        f"Target: {resolve(target).name}; config: {best['config']}",
+        f"Correctness: {corr.get('reason', 'checked')} (dims {corr.get('dims')}, {corr.get('device')})",
+        timing_line(verdict, baselines),
+    ])
+
+
+def finalize(state: State, runtime: Runtime[Context]) -> dict:
+    spec = KernelSpec.from_dict(state["spec"])
+    best = state.get("best") or {}
+    if not best:
+        msg = ("No correct kernel was found for " + spec.describe() + ". Every draft failed verification; "
+               "the steps above say why.")
+        emit("final", status="failed", message=msg)
+        return {"status": "failed", "message": msg}
+    summary = summary_text(spec, best, state.get("baselines"), runtime.context.target)
+    path = Path(runtime.context.out_path or artifacts_dir() / f"{spec.op}_{spec.key()}.py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(standalone_source(spec, best["config"], best["source"], summary))
+    msg = f"{spec.describe()}: best draft is step {best['step']}.\n{summary}\nKernel file: {path}"
+    emit("final", status="done", message=msg, artifact=str(path))
+    return {"status": "done", "message": msg, "artifact": str(path)}

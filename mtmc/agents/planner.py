@@ -1,0 +1,31 @@
+"""plan node (macro): choose the next action for the best draft, or stop."""
+from __future__ import annotations
+
+from langgraph.runtime import Runtime
+
+from mtmc.agents.context import Context
+from mtmc.agents.events import emit
+from mtmc.agents.state import State
+from mtmc.kernels.spec import KernelSpec
+from mtmc.policy import baseline
+from mtmc.tools.hardware import resolve
+
+
+def plan(state: State, runtime: Runtime[Context]) -> dict:
+    ctx = runtime.context
+    spec = KernelSpec.from_dict(state["spec"])
+    best = state["best"]
+    measured = bool(best.get("verdict", {}).get("measured"))
+    moves = sum(1 for s in state.get("steps", []) if s.get("origin") == "planner")
+    decision = baseline.decide(
+        spec, best["config"], resolve(ctx.target), tried=set(state.get("tried", [])),
+        measured=measured, steps_taken=moves, max_steps=ctx.max_steps,
+        stale_steps=state.get("stale_steps", 0), patience=ctx.patience,
+    ).to_dict()
+    decision["origin"] = "planner"
+    emit("plan", step=len(state.get("steps", [])), **decision)
+    return {"decision": decision, "debug_attempts": 0}
+
+
+def route_after_plan(state: State) -> str:
+    return "finalize" if state["decision"]["action"]["kind"] == "stop" else "code"
