@@ -9,7 +9,7 @@ def resources_line(resources: dict | None) -> str:
     parts = []
     for k in kernels:
         parts.append(f"{k.get('name', 'kernel')}: {k.get('regs', '?')} regs, "
-                     f"{k.get('spill_bytes', k.get('stack_bytes', 0))} B spilled, {k.get('shared', 0)} B smem")
+                     f"{k.get('spill_bytes', 0)} B spilled, {k.get('shared_bytes', 0)} B smem")
     return "; ".join(parts)
 
 

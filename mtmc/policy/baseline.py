@@ -33,8 +33,10 @@ class Decision:
 
 
 def _estimate_ms(spec: KernelSpec, config: dict, hw) -> float:
+    """Estimated ms; infinite where the resource model says the config cannot run (masked)."""
     from mtmc.tools.estimate import estimate_time
-    return float(estimate_time(spec, config, hw)["time_ms"])
+    ms = estimate_time(spec, config, hw).get("ms")
+    return float(ms) if ms is not None else math.inf
 
 
 def rank(spec: KernelSpec, config: dict, hw, tried: set[str]) -> tuple[float, list[tuple[Action, float]]]:
@@ -46,7 +48,9 @@ def rank(spec: KernelSpec, config: dict, hw, tried: set[str]) -> tuple[float, li
         new = action.apply(config)
         if config_key(new) in tried:
             continue
-        scored.append((action, _estimate_ms(spec, new, hw)))
+        ms = _estimate_ms(spec, new, hw)
+        if math.isfinite(ms):  # mask moves the resource model rules out
+            scored.append((action, ms))
     scored.sort(key=lambda p: p[1])
     return current, scored
 
