@@ -27,8 +27,9 @@ TEN_REQUESTS = [
 
 def _run(request, **kw):
     events = []
+    run_kw = kw.pop("run_kw", {})
     ctx = Context(target="h200", max_steps=kw.pop("max_steps", 2), **kw)
-    state = run_request(request, ctx, on_event=events.append, **kw.pop("run_kw", {}))
+    state = run_request(request, ctx, on_event=events.append, **run_kw)
     return state, events
 
 

@@ -39,9 +39,24 @@ def _largest_tile_down(space: dict, config: dict) -> Action | None:
     return None
 
 
-def candidate_fixes(kind: str, space: dict, config: dict) -> list[tuple[Action | None, str]]:
+def _stages_that_fit(space: dict, config: dict, violation: dict) -> Action | None:
+    """Shared memory of a pipelined loop grows with its stages: jump straight to the most stages
+    predicted to fit, rather than stepping down one at a time."""
+    stages, shared, limit = config.get("num_stages"), violation.get("shared_bytes"), violation.get("limit_bytes")
+    if not (stages and shared and limit) or stages <= 1:
+        return None
+    fit = max(1, int(stages * limit / shared))
+    legal = [v for v in space.get("num_stages", []) if v <= min(fit, stages - 1)]
+    return Action(KNOB_KIND["num_stages"], "num_stages", max(legal)) if legal else None
+
+
+def candidate_fixes(kind: str, space: dict, config: dict, violation: dict | None = None) -> list[tuple[Action | None, str]]:
+    violation = violation or {}
     if kind == "smem_overflow":
-        return [(_step(space, config, "num_stages", -1), "fewer pipeline stages need less shared memory"),
+        return [(_stages_that_fit(space, config, violation),
+                 f"shared memory grows with pipeline stages: {violation.get('shared_bytes')} B needed, "
+                 f"{violation.get('limit_bytes')} B allowed"),
+                (_step(space, config, "num_stages", -1), "fewer pipeline stages need less shared memory"),
                 (_largest_tile_down(space, config), "a smaller tile needs less shared memory")]
     if kind in ("register_spills", "too_many_regs"):
         return [(_step(space, config, "num_warps", +1), "more warps hold the same tile with fewer registers per thread"),
@@ -52,7 +67,8 @@ def candidate_fixes(kind: str, space: dict, config: dict) -> list[tuple[Action |
 
 def propose_fix(spec: KernelSpec, config: dict, verdict: dict, tried: set[str]) -> tuple[Action, str] | None:
     space = family_of(spec).config_space(spec)
-    for action, why in candidate_fixes(verdict.get("kind") or "", space, config):
+    violations = (verdict.get("resources") or {}).get("violations") or [{}]
+    for action, why in candidate_fixes(verdict.get("kind") or "", space, config, violations[0]):
         if action and config_key(action.apply(config)) not in tried:
             return action, why
     return None
