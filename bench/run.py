@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.tasks import SPINE_TASKS
 from mtmc.agents.context import Context
-from mtmc.cli import run_request, summary_json
+from mtmc.agents.runner import run_request, summary_json
 
 TASKS = {"spine": SPINE_TASKS}
 

@@ -1,93 +1,19 @@
-"""`mtmc` command line: generate a kernel from words (more commands join as they land)."""
+"""`mtmc` command line.  Each subcommand lives in mtmc/commands/<name>.py with register(sub)."""
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
-import uuid
 
-from mtmc.agents.context import Context
-from mtmc.agents.report import decision_line, verdict_line
-
-
-def _print_event(ev: dict, out) -> None:
-    kind = ev.get("event")
-    if kind == "parsed":
-        print(f"spec: {ev['description']}", file=out)
-        for a in ev.get("assumptions", []):
-            print(f"  assumption: {a}", file=out)
-    elif kind == "plan":
-        print(f"[plan]   {decision_line(ev)}", file=out)
-    elif kind == "code":
-        changed = sum(1 for line in ev.get("diff", "").splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
-        print(f"[code]   step {ev['step']}: config {ev['config']}" + (f" ({changed} lines changed)" if changed else ""), file=out)
-    elif kind == "verify":
-        print(f"[verify] step {ev['step']}: {verdict_line(ev['verdict'])}", file=out)
-    elif kind == "debug":
-        print(f"[debug]  step {ev['step']}: {ev.get('fix') or 'no fix'}: {ev.get('reason', '')}", file=out)
-    elif kind == "step":
-        print(f"         step {ev['step']} -> {ev['outcome']}", file=out)
-    elif kind == "unsupported":
-        print(ev["message"], file=out)
-    elif kind == "final":
-        print(ev["message"], file=out)
-    out.flush()
-
-
-def run_request(request: str, ctx: Context, thread_id: str | None = None, on_event=None,
-                spec: dict | None = None, initial_config: dict | None = None) -> dict:
-    """Run the graph on one request; return the final state."""
-    from mtmc.agents.graph import checkpointer, compile_graph, recursion_limit
-    graph = compile_graph(checkpointer())
-    config = {"configurable": {"thread_id": thread_id or uuid.uuid4().hex},
-              "recursion_limit": recursion_limit(ctx)}
-    inputs = {"request": request, "spec": spec, "initial_config": initial_config}
-    final: dict = {}
-    for mode, chunk in graph.stream(inputs, config=config, context=ctx, stream_mode=["custom", "values"]):
-        if mode == "custom" and on_event:
-            on_event(chunk)
-        elif mode == "values":
-            final = chunk
-    return final
-
-
-def summary_json(state: dict) -> dict:
-    best = state.get("best") or {}
-    return {
-        "status": state.get("status"), "message": state.get("message"), "spec": state.get("spec"),
-        "assumptions": state.get("assumptions", []), "artifact": state.get("artifact"),
-        "final_config": best.get("config"), "final_step": best.get("step"),
-        "final_time_ms": best.get("time_ms"), "measured": bool((best.get("verdict") or {}).get("measured")),
-        "baselines": state.get("baselines"),
-        "steps": [{k: v for k, v in s.items() if k != "diff"} for s in state.get("steps", [])],
-    }
-
-
-def cmd_generate(args) -> int:
-    ctx = Context(target=args.target, max_steps=args.max_steps, out_path=args.out, timeout_s=args.timeout)
-    log = sys.stderr if args.json else sys.stdout
-    state = run_request(args.request, ctx, on_event=lambda ev: _print_event(ev, log))
-    if args.json:
-        print(json.dumps(summary_json(state), indent=2, default=str))
-    status = state.get("status")
-    if status == "done":
-        return 0
-    if status == "unsupported":
-        return 2
-    return 1
+# One module per subcommand; add a name here to add a command.
+COMMANDS = ["generate"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtmc", description="Verified, measured Triton kernels from words or modules.")
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="write a kernel for a request in words")
-    g.add_argument("request", help='e.g. "softmax over the rows of a 4096x8192 fp16 tensor"')
-    g.add_argument("--out", required=True, help="path of the kernel file to write")
-    g.add_argument("--target", default="auto", help="GPU profile: h200, h100, a100, v100 (default: the present GPU, else h200)")
-    g.add_argument("--max-steps", type=int, default=8, help="planner moves after the first draft")
-    g.add_argument("--timeout", type=float, default=240.0, help="seconds for one verification")
-    g.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
-    g.set_defaults(func=cmd_generate)
+    for name in COMMANDS:
+        importlib.import_module(f"mtmc.commands.{name}").register(sub)
     return p
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from mtmc.agents.context import Context
 from mtmc.agents.graph import checkpointer, compile_graph
-from mtmc.cli import run_request
+from mtmc.agents.runner import run_request
 
 TEN_REQUESTS = [
     "Write a fused softmax over the rows of a 4096x8192 fp16 tensor",
