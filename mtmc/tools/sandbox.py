@@ -1,0 +1,167 @@
+"""Run untrusted verifier work (candidate kernels) in a child process.
+
+A candidate can hang, crash the interpreter, exhaust memory or poison the CUDA context for
+good, so each job runs in `python -m mtmc.tools.worker` in its own process group, with a
+scrubbed environment, a fresh scratch directory and resource limits.  The job goes in as JSON
+on stdin, one JSON result comes back on stdout; whatever happens, the caller gets a dict with a
+"status" of "ok", "error" (the candidate raised: a verdict), "timed_out" or "crashed".
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"}
+_KEEP_PREFIXES = ("TRITON_", "CUDA_", "MTMC_", "TORCHINDUCTOR_")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PROXY", re.I)
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_STDERR_TAIL_LINES = 40
+
+
+def child_env(base: dict | None = None, interpret: bool | None = None) -> dict:
+    """The environment a job sees: only what Python, CUDA, Triton and mtmc need, never secrets."""
+    base = dict(os.environ if base is None else base)
+    env = {k: v for k, v in base.items()
+           if (k in _KEEP or k.startswith(_KEEP_PREFIXES)) and not _SECRET.search(k)}
+    # The worker must import this package even when it is not installed.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    if interpret is True:
+        env["TRITON_INTERPRET"] = "1"
+    elif interpret is False:
+        env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def uses_gpu(job: dict) -> bool:
+    return job.get("kind") == "time" or job.get("device") == "cuda"
+
+
+def default_interpret(job: dict) -> bool | None:
+    """Kernels on CPU tensors need the interpreter; on a GPU they must not use it; compiling
+    for a target needs it off, which the worker ensures itself."""
+    if job.get("kind") in ("check", "verify"):
+        return job.get("device", "cpu") == "cpu"
+    return False if job.get("kind") == "time" else None
+
+
+def _limits(timeout_s: float, memory_mb: int | None):
+    """preexec function setting the child's rlimits (run after fork, before exec)."""
+    # CPU time is a backstop for a parent that died; threads burn CPU faster than wall time,
+    # so it allows twice the wall timeout plus slack.
+    cpu = int(math.ceil(2 * timeout_s)) + 5
+
+    def apply():
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if memory_mb is not None:
+            mem = int(memory_mb) * 2**20
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    return apply
+
+
+def _tail(path: Path, lines: int = _STDERR_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
+    """The last lines of a file that may be huge."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is already gone
+        pass
+
+
+def _parse_result(stdout: str) -> dict | None:
+    """The worker's result: the last non-empty stdout line, if it is a JSON object."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    try:
+        result = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return result if isinstance(result, dict) and "status" in result else None
+
+
+def _exit_detail(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _communicate(proc: subprocess.Popen, job: dict, timeout_s: float) -> bytes | None:
+    """Send the job, wait for the worker; None on timeout. The whole process group is killed
+    either way, so nothing the candidate started outlives the job."""
+    try:
+        stdout, _ = proc.communicate(json.dumps(job).encode(), timeout=timeout_s)
+        return stdout
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        # bounded: a process that left the group could still hold the pipe open
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=5)
+        return None
+    finally:
+        _kill_group(proc)
+
+
+def _verdict(stdout: bytes | None, returncode: int | None, timeout_s: float, tail: str) -> dict:
+    if stdout is None:
+        return {"status": "timed_out", "timeout_s": timeout_s,
+                "detail": f"no result within {timeout_s:g} s; the job's process group was killed"}
+    result = _parse_result(stdout.decode("utf-8", "replace"))
+    if returncode != 0 or result is None:
+        why = _exit_detail(returncode) if returncode != 0 else "printed no JSON result"
+        return {"status": "crashed", "returncode": returncode,
+                "detail": f"worker {why}" + (f"\n{tail}" if tail else "")}
+    return result
+
+
+def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret: bool | None = None) -> dict:
+    """Run one worker job (see tools.worker for the kinds) in a sandboxed child process.
+
+    memory_mb caps the address space, and only for jobs that use no GPU (CUDA reserves far more
+    virtual memory than it uses).  interpret: True sets TRITON_INTERPRET=1, False unsets it,
+    None picks by the job (see default_interpret).  Every result has "status", "wall_s" and
+    "stderr_tail" (the child's last stderr lines: warnings, prints, a segfault's traceback)."""
+    if interpret is None:
+        interpret = default_interpret(job)
+    scratch = Path(tempfile.mkdtemp(prefix="mtmc-job-"))
+    stderr_path = scratch / "stderr.log"
+    start = time.monotonic()
+    try:
+        # stderr goes to a file: a chatty candidate cannot fill a pipe or the parent's memory.
+        with open(stderr_path, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "mtmc.tools.worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err, cwd=scratch,
+                                    env=child_env(interpret=interpret), start_new_session=True,
+                                    preexec_fn=_limits(timeout_s, None if uses_gpu(job) else memory_mb))
+            stdout = _communicate(proc, job, timeout_s)
+        tail = _tail(stderr_path)
+        result = _verdict(stdout, proc.returncode, timeout_s, tail)
+        result.update(wall_s=time.monotonic() - start, stderr_tail=tail)
+        return result
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

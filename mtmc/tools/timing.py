@@ -1,0 +1,66 @@
+"""Measured speed on the GPU: the candidate against PyTorch eager and torch.compile.
+
+All three run in one process on the same fresh random inputs, each timed as the median of
+triton.testing.do_bench (CUDA events, L2 flushed before every run).  GPU only; without one the
+verifier reports tools.estimate's roofline instead, labelled as an estimate.  Runs candidate
+code: call it in the verifier's child process (tools.worker).
+"""
+from __future__ import annotations
+
+from mtmc.kernels.spec import KernelSpec
+
+WARMUP_MS = 25
+REP_MS = 100
+
+
+def bench_ms(fn) -> float:
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+
+
+def _compiled_ms(reference, inputs) -> tuple[float | None, str]:
+    """torch.compile of the reference: its time, or None and why it failed."""
+    import torch
+    try:
+        compiled = torch.compile(reference)
+        compiled(*inputs)   # compile outside the timed region
+        torch.cuda.synchronize()
+        return bench_ms(lambda: compiled(*inputs)), "torch.compile (default mode)"
+    except Exception as e:  # dynamo/inductor failures are a fact about the baseline, not ours
+        return None, f"compile failed: {type(e).__name__}: {str(e)[:500]}"
+
+
+def _ratio(base: float | None, ours: float) -> float | None:
+    return base / ours if base is not None and ours > 0 else None
+
+
+def time_candidate(spec: KernelSpec, source: str, dims: dict | None = None, baselines: bool = True) -> dict:
+    """Median ms of the candidate (and of eager / torch.compile when `baselines`) at `dims`
+    (default: the spec's), with speedups and achieved GB/s and TFLOP/s."""
+    import torch
+    from mtmc.kernels.catalog import family_of
+    from mtmc.kernels.loader import load_source, make_inputs
+    from mtmc.tools.correctness import poisoned_output, reference_namespace
+    if not torch.cuda.is_available():
+        raise RuntimeError("timing needs a CUDA GPU; use tools.estimate without one")
+    dims = dict(dims or spec.dims)
+    timed = spec.with_dims(**dims)
+    module = load_source(source, "candidate")
+    inputs = make_inputs(timed, dims, "cuda")
+    out = poisoned_output(timed, dims, "cuda")
+    ours = bench_ms(lambda: module.launch(*inputs, out=out))
+    result = {"measured": True, "label": "measured: median of triton.testing.do_bench, L2 flushed",
+              "device": torch.cuda.get_device_name(0), "dims": dims, "ours_ms": ours,
+              "eager_ms": None, "compiled_ms": None, "compiled_note": "not measured",
+              "speedup_vs_eager": None, "speedup_vs_compiled": None}
+    if baselines:
+        reference = reference_namespace(timed)["reference"]
+        result["eager_ms"] = bench_ms(lambda: reference(*inputs))
+        result["compiled_ms"], result["compiled_note"] = _compiled_ms(reference, inputs)
+        result["speedup_vs_eager"] = _ratio(result["eager_ms"], ours)
+        result["speedup_vs_compiled"] = _ratio(result["compiled_ms"], ours)
+    flops, nbytes = family_of(timed).work(timed)
+    seconds = ours * 1e-3
+    result.update(flops=flops, bytes=nbytes, achieved_gbs=nbytes / seconds / 1e9,
+                  achieved_tflops=flops / seconds / 1e12)
+    return result
