@@ -88,7 +88,7 @@ def debug(state: State, runtime: Runtime[Context]) -> dict:
                 "reason": f"{verdict.get('kind')}: {why}"}
     emit("debug", step=cand["step"], fix=action.label(), reason=decision["reason"])
     emit("step", **record)
-    return {"decision": decision, "debug_attempts": state.get("debug_attempts", 0) + 1, "steps": [record]}
+    return {"decision": decision, "debug_attempts": state.get("debug_attempts", 0) + 1, "steps": state.get("steps", []) + [record]}
 
 
 def route_after_debug(state: State, runtime: Runtime[Context]) -> str:

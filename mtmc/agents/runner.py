@@ -31,6 +31,12 @@ def print_event(ev: dict, out) -> None:
     out.flush()
 
 
+# A run starts from these, also when its thread (a chat conversation) has earlier runs.
+FRESH_RUN = {"steps": [], "tried": [], "best": {}, "candidate": {}, "decision": {}, "baselines": {},
+             "retrieved": [], "assumptions": [], "artifact": "", "message": "", "status": "running",
+             "debug_attempts": 0, "stale_steps": 0}
+
+
 def run_request(request: str, ctx: Context, thread_id: str | None = None, on_event=None,
                 spec: dict | None = None, initial_config: dict | None = None) -> dict:
     """Run the graph on one request; return the final state."""
@@ -38,7 +44,7 @@ def run_request(request: str, ctx: Context, thread_id: str | None = None, on_eve
     graph = compile_graph(checkpointer())
     config = {"configurable": {"thread_id": thread_id or uuid.uuid4().hex},
               "recursion_limit": recursion_limit(ctx)}
-    inputs = {"request": request, "spec": spec, "initial_config": initial_config}
+    inputs = {"request": request, "spec": spec, "initial_config": initial_config, **FRESH_RUN}
     final: dict = {}
     for mode, chunk in graph.stream(inputs, config=config, context=ctx, stream_mode=["custom", "values"]):
         if mode == "custom" and on_event:

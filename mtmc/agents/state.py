@@ -1,8 +1,7 @@
 """The graph's state: plain JSON-able data, so the checkpointer can keep every thread."""
 from __future__ import annotations
 
-import operator
-from typing import Annotated, TypedDict
+from typing import TypedDict
 
 
 class Draft(TypedDict, total=False):
@@ -26,8 +25,10 @@ class State(TypedDict, total=False):
     best: Draft                        # the last good draft (what a roll-back returns to)
     candidate: Draft                   # the draft under verification
     decision: dict                     # the planner's pending decision
-    steps: Annotated[list[dict], operator.add]   # every step, as recorded for people and memory
-    tried: Annotated[list[str], operator.add]    # config keys already verified
+    # Plain lists, replaced whole by the node that extends them: a new request in the same thread
+    # (a follow-up in the chat) starts them afresh.
+    steps: list[dict]                  # every step, as recorded for people and memory
+    tried: list[str]                   # config keys already verified
     debug_attempts: int
     stale_steps: int                   # measured moves in a row that did not beat `best`
     baselines: dict                    # eager / torch.compile times, measured once per run

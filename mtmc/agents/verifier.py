@@ -21,7 +21,7 @@ def verify(state: State, runtime: Runtime[Context]) -> dict:
                            timeout_s=ctx.timeout_s, baselines=not state.get("baselines"))
     emit("verify", step=cand["step"], verdict=verdict)
     update = {"candidate": {**cand, "verdict": verdict, "time_ms": verdict.get("time_ms")},
-              "tried": [config_key(cand["config"])]}
+              "tried": state.get("tried", []) + [config_key(cand["config"])]}
     if verdict.get("baselines"):
         update["baselines"] = verdict["baselines"]
     return update
@@ -56,7 +56,7 @@ def accept(state: State) -> dict:
         update = {"stale_steps": state.get("stale_steps", 0) + 1}
     record = step_record(state, outcome)
     emit("step", **record)
-    return {**update, "steps": [record]}
+    return {**update, "steps": state.get("steps", []) + [record]}
 
 
 def rollback(state: State) -> dict:
@@ -64,7 +64,7 @@ def rollback(state: State) -> dict:
     where = f"rolled back to step {best['step']}" if best else "no correct draft to fall back to"
     record = step_record(state, f"failed ({state['candidate']['verdict'].get('kind')}); {where}")
     emit("step", **record)
-    return {"steps": [record], "stale_steps": state.get("stale_steps", 0) + 1}
+    return {"steps": state.get("steps", []) + [record], "stale_steps": state.get("stale_steps", 0) + 1}
 
 
 def route_after_rollback(state: State) -> str:
