@@ -45,6 +45,15 @@ VECTOR = {"bias": ("({x} + {y})", "({x} + {y})")}
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "leaky_relu")
 
+# Local bounds on |d step / d x| (how an error in x grows through a step), as torch expressions
+# of the pre-step value x, the error scale s, the operand {y} and the step's {v}; steps not
+# listed pass an error on at most unchanged.  Error scales of fused epilogues are built on it.
+ERROR_GAIN = {
+    "gelu": "1.13 * s", "gelu_tanh": "1.13 * s", "silu": "1.1 * s", "sigmoid": "0.25 * s",
+    "exp": "torch.exp(x) * s", "square": "(2 * x.abs() + s) * s",
+    "scale": "abs({v}) * s", "leaky_relu": "max(1.0, abs({v})) * s", "mul": "s * {y}.abs()",
+}
+
 
 def all_ops() -> set[str]:
     return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR)

@@ -1,0 +1,370 @@
+"""Shared pieces of the row-wise families (reduction, softmax, norm).
+
+All three read x [M, N] and work along the last dim N.  One program owns ROWS_PER_PROG rows, a
+[ROWS_PER_PROG, BLOCK_N] tile.  When BLOCK_N covers N the whole row is one tile held in
+registers (single pass); otherwise the kernel loops over column chunks.  PERSISTENT launches a
+fixed grid of a few programs per SM that walk the row groups with a grid stride.
+
+Optional pointwise chains (kernels.pointwise) run elementwise on x before the op ("prologue")
+and on the op's output ("epilogue"); every chain operand is one more input tensor, named as
+pointwise.operands() names it ("residual0"), with "epi_" in front for epilogue operands so the
+two chains never collide.  Input order: x, prologue operands, the family's own [N] vectors
+(norm weight and bias), epilogue operands.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mtmc.kernels import pointwise
+from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.spec import DTYPES, KernelSpec
+
+MIN_BLOCK_N = 32
+# Largest tile offered: 32K fp32 values over 16 warps is already 64 registers a thread per copy.
+MAX_BLOCK_N = 32768
+# The default keeps rows up to this long whole in registers, and loops in LOOP_BLOCK_N chunks above.
+SINGLE_PASS_LIMIT = 16384
+LOOP_BLOCK_N = 4096
+# The default packs short rows together until a program's tile holds about this many elements.
+PACKED_TILE = 2048
+WARPS = [1, 2, 4, 8, 16]
+STAGES = [1, 2, 3, 4]
+ROWS_PER_PROG = [1, 2, 4, 8]
+PROGRAMS_PER_SM = 4      # persistent grid size: programs per SM
+# The default turns PERSISTENT on past this many row groups per SM (several full waves of
+# programs, where per-program launch and scheduling cost starts to show).
+PERSISTENT_WAVES = 32
+CPU_SMS = 4              # SM count the launcher assumes off the GPU (interpreter runs)
+CHUNK_LOOP = "for start in range(0, N, BLOCK_N):"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def indent(lines: list[str], levels: int = 1) -> list[str]:
+    pad = "    " * levels
+    return [pad + line if line else line for line in lines]
+
+
+# -- spec checks ----------------------------------------------------------------------------
+
+def validate_rows(spec: KernelSpec, allowed_params: set[str], epilogue: bool) -> None:
+    """Checks every row family shares: dims M and N, dtype, known params, valid chains."""
+    if set(spec.dims) != {"M", "N"}:
+        raise ValueError(f"{spec.family} kernels take dims M (rows) and N (columns); got {sorted(spec.dims)}")
+    for name, size in spec.dims.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"dim {name} must be a positive integer, got {size!r}")
+    if spec.dtype not in DTYPES:
+        raise ValueError(f"dtype {spec.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    unknown = set(spec.params) - allowed_params
+    if unknown:
+        raise ValueError(f"{spec.family} does not understand params {sorted(unknown)}; "
+                         f"it takes {sorted(allowed_params)}")
+    if "epilogue" in spec.params and not epilogue:
+        raise ValueError(f"{spec.family} takes no epilogue")
+    for key in ("prologue", "epilogue"):
+        chain = spec.params.get(key, [])
+        if not isinstance(chain, list) or not all(isinstance(s, dict) for s in chain):
+            raise ValueError(f"params {key!r} must be a list of steps like {{'op': 'relu'}}")
+        pointwise.validate_chain(chain)
+
+
+def number_param(spec: KernelSpec, key: str, default: float, positive: bool = False) -> float:
+    value = spec.params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"params {key!r} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"params {key!r} must be positive, got {value!r}")
+    return float(value)
+
+
+# -- tensors ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    kind: str      # "full": [M, N]; "vector": [N]
+    step: int      # index of the chain step that reads it
+
+
+def chain_operands(chain: list[dict], prefix: str = "") -> list[Operand]:
+    steps = [i for i, step in enumerate(chain) if pointwise.operand_kind(step)]
+    return [Operand(prefix + name, kind, i) for i, (name, kind) in zip(steps, pointwise.operands(chain))]
+
+
+class Rows:
+    """The tensors of one row-wise spec and the code pieces its kernel and reference share.
+
+    vectors: the family's own [N] inputs as (name, init), placed between the two chains.
+    """
+
+    def __init__(self, spec: KernelSpec, vectors: tuple[tuple[str, str], ...] = ()):
+        self.spec = spec
+        self.prologue = list(spec.params.get("prologue", []))
+        self.epilogue = list(spec.params.get("epilogue", []))
+        self.pro_operands = chain_operands(self.prologue)
+        self.epi_operands = chain_operands(self.epilogue, "epi_")
+        self.vectors = list(vectors)
+
+    def inputs(self) -> list[TensorArg]:
+        def arg(op: Operand) -> TensorArg:
+            return TensorArg(op.name, ("M", "N") if op.kind == "full" else ("N",))
+        return ([TensorArg("x", ("M", "N"))] + [arg(o) for o in self.pro_operands]
+                + [TensorArg(n, ("N",), init=init) for n, init in self.vectors]
+                + [arg(o) for o in self.epi_operands])
+
+    def names(self) -> list[str]:
+        return [a.name for a in self.inputs()]
+
+    # -- reference pieces (torch) --
+    @staticmethod
+    def step_names(operands: list[Operand]) -> dict[int, str]:
+        """Chain step index -> operand name, as pointwise.triton_expr / torch_expr take them."""
+        return {o.step: o.name for o in operands}
+
+    def ref_prologue(self) -> list[str]:
+        """Lines turning `x` into the op's input inside a reference function."""
+        if not self.prologue:
+            return []
+        return [f"x = {pointwise.torch_expr(self.prologue, 'x', self.step_names(self.pro_operands))}"]
+
+    def ref_epilogue(self, var: str) -> list[str]:
+        if not self.epilogue:
+            return []
+        return [f"{var} = {pointwise.torch_expr(self.epilogue, var, self.step_names(self.epi_operands))}"]
+
+    def ref_sources(self, op_lines: list[str], scale_lines: list[str]) -> str:
+        """`reference`: prologue, op_lines (leaving the op's output y), epilogue.
+        `error_scale`: the same op_lines, then scale_lines (leaving s, the magnitude y's error
+        is judged against) carried through the epilogue with pointwise.ERROR_GAIN."""
+        reference = self.ref_function("reference", [*op_lines, *self.ref_epilogue("y"), "return y"])
+        carry = ["x = y"]
+        names = self.step_names(self.epi_operands)
+        for i, step in enumerate(self.epilogue):
+            gain = pointwise.ERROR_GAIN.get(step["op"])
+            if gain:
+                carry.append("s = " + gain.format(v=step.get("value"), y=names.get(i)))
+            carry.append(f"x = {pointwise.torch_expr([step], 'x', {0: names[i]} if i in names else {})}")
+        scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
+        return reference + "\n\n" + scale
+
+    def ref_function(self, name: str, body: list[str], extra_args: tuple[str, ...] = ()) -> str:
+        """`def name(*extra_args, *inputs)` running the prologue, then `body`."""
+        args = ", ".join([*extra_args, *self.names()])
+        return "\n".join([f"def {name}({args}):", *indent(self.ref_prologue() + body)]) + "\n"
+
+    # -- cost --
+    def work(self, per_element: float, out: TensorArg) -> tuple[float, float]:
+        """(flops, bytes): per_element flops for the op plus one per chain step on every element;
+        every input read once and the output written once."""
+        dims = self.spec.dims
+        steps = len(self.prologue) + len(self.epilogue)
+        flops = float(dims["M"] * dims["N"]) * (per_element + steps)
+        tensors = [*self.inputs(), out]
+        nbytes = sum(math.prod(a.concrete_shape(dims)) * DTYPE_BYTES[a.dtype or self.spec.dtype] for a in tensors)
+        return flops, float(nbytes)
+
+    def describe(self, what: str) -> str:
+        dims = self.spec.dims
+        text = f"{what} over the last dim of a {dims['M']}x{dims['N']} {self.spec.dtype} tensor"
+        if self.prologue:
+            text += f", applied to x after {pointwise.describe_chain(self.prologue)}"
+        if self.epilogue:
+            text += f", then {pointwise.describe_chain(self.epilogue)} on the result"
+        return text
+
+
+# -- configs --------------------------------------------------------------------------------
+
+def block_sizes(n: int) -> list[int]:
+    top = min(max(next_pow2(n), MIN_BLOCK_N), MAX_BLOCK_N)
+    return [1 << k for k in range(MIN_BLOCK_N.bit_length() - 1, top.bit_length())]
+
+
+def config_space(spec: KernelSpec) -> dict[str, list]:
+    return {"BLOCK_N": block_sizes(spec.dims["N"]), "num_warps": list(WARPS), "num_stages": list(STAGES),
+            "ROWS_PER_PROG": list(ROWS_PER_PROG), "PERSISTENT": [False, True]}
+
+
+def warps_for(tile: int) -> int:
+    """About 8 elements a thread up to 8 warps; tiles from 8K elements get 16 warps so a
+    thread holds at most ~16-32 values of each live tile."""
+    if tile >= 8192:
+        return 16
+    return max(1, min(8, tile // 256))
+
+
+def default_config(spec: KernelSpec, hw) -> dict:
+    """What a human would start with: whole rows in registers when they fit, short rows packed
+    several to a program while the grid still fills the GPU, a persistent grid only when there
+    are far more row groups than programs the GPU can hold at once."""
+    M, N = spec.dims["M"], spec.dims["N"]
+    sms = getattr(hw, "sms", None) or 132
+    single = next_pow2(N) <= SINGLE_PASS_LIMIT
+    block = max(MIN_BLOCK_N, next_pow2(N)) if single else LOOP_BLOCK_N
+    rows = 1
+    for r in ROWS_PER_PROG:
+        if r * block <= PACKED_TILE and -(-M // r) >= 2 * sms:
+            rows = r
+    groups = -(-M // rows)
+    return {"BLOCK_N": block, "num_warps": warps_for(rows * block), "num_stages": 1 if single else 2,
+            "ROWS_PER_PROG": rows, "PERSISTENT": groups > PERSISTENT_WAVES * sms}
+
+
+def checked_config(spec: KernelSpec, config: dict) -> dict:
+    """The config's knobs, each required and legal for this spec (ValueError otherwise)."""
+    space = config_space(spec)
+    for knob, legal in space.items():
+        if knob not in config:
+            raise ValueError(f"config lacks {knob}; {spec.family} needs {', '.join(space)}")
+        if config[knob] not in legal:
+            raise ValueError(f"{knob}={config[knob]!r} is not legal for N={spec.dims['N']}; legal: {legal}")
+    return {knob: config[knob] for knob in space}
+
+
+def check_dims(spec: KernelSpec, config: dict) -> dict[str, int]:
+    """Rows: one full row group and a partial one (for a persistent grid, more groups than the
+    off-GPU grid has programs, so the grid-stride loop turns); columns: >= 2 chunks plus the
+    real tail for looped kernels, the real N for single-pass ones."""
+    rows = config["ROWS_PER_PROG"]
+    full_groups = CPU_SMS * PROGRAMS_PER_SM + 1 if config["PERSISTENT"] else 1
+    m = max(3, rows * full_groups + max(1, rows // 2))
+    return {"M": min(spec.dims["M"], m), "N": small_dim(spec.dims["N"], config["BLOCK_N"])}
+
+
+class RowFamily(Family):
+    """Family methods the three row-wise families share."""
+
+    def layout(self, spec: KernelSpec) -> Rows:
+        """The spec's tensors; families with their own [N] inputs (norm weights) override it."""
+        return Rows(spec)
+
+    def inputs(self, spec: KernelSpec) -> list[TensorArg]:
+        return self.layout(spec).inputs()
+
+    def config_space(self, spec: KernelSpec) -> dict[str, list]:
+        return config_space(spec)
+
+    def default_config(self, spec: KernelSpec, hw) -> dict:
+        return default_config(spec, hw)
+
+    def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:
+        return check_dims(spec, config)
+
+
+# -- Triton source ----------------------------------------------------------------------------
+
+class RowTemplate:
+    """Triton code pieces for one spec and config.  Kernel bodies are lists of lines; the
+    family writes the op, this class writes the loads, chains, stores, row loop and launcher."""
+
+    def __init__(self, rows: Rows, config: dict, kernel_name: str, out_rows_only: bool):
+        self.rows = rows
+        self.config = checked_config(rows.spec, config)
+        self.kernel_name = kernel_name
+        self.out_rows_only = out_rows_only   # output [M] (reductions) rather than [M, N]
+        self.single = self.config["BLOCK_N"] >= rows.spec.dims["N"]
+
+    # -- tile pieces --
+    def chunks(self, body: list[str], comment: str = "") -> list[str]:
+        """`body` over the row's columns: once when the row is one tile, else a chunk loop."""
+        if self.single:
+            return ["cols = tl.arange(0, BLOCK_N)", *self._masks(), *body]
+        head = CHUNK_LOOP + (f"  # {comment}" if comment else "")
+        return [head, *indent(["cols = start + tl.arange(0, BLOCK_N)", *self._masks(), *body])]
+
+    @staticmethod
+    def _masks() -> list[str]:
+        return ["col_mask = cols < N", "mask = row_mask[:, None] & col_mask[None, :]"]
+
+    @staticmethod
+    def load_full(name: str) -> str:
+        return (f"{name} = tl.load({name}_ptr + rows64[:, None] * stride_{name} + cols[None, :], "
+                f"mask=mask, other=0.0).to(tl.float32)")
+
+    @staticmethod
+    def load_vector(name: str) -> str:
+        return f"{name} = tl.load({name}_ptr + cols[None, :], mask=col_mask[None, :], other=0.0).to(tl.float32)"
+
+    def _load_operands(self, operands: list[Operand]) -> list[str]:
+        return [self.load_full(o.name) if o.kind == "full" else self.load_vector(o.name) for o in operands]
+
+    def load_x(self, fill: str = "0.0", extra_steps: tuple[dict, ...] = ()) -> list[str]:
+        """Load the x tile in fp32, apply the prologue (plus the family's extra_steps), and set
+        padding columns to `fill`, the value that cannot change the row's result."""
+        chain = self.rows.prologue + list(extra_steps)
+        lines = [self.load_full("x"), *self._load_operands(self.rows.pro_operands)]
+        if chain:
+            lines.append(f"x = {pointwise.triton_expr(chain, 'x', Rows.step_names(self.rows.pro_operands))}")
+        if chain or fill != "0.0":
+            lines.append(f"x = tl.where(col_mask[None, :], x, {fill})  # padding must not change the result")
+        return lines
+
+    def epilogue(self, var: str) -> list[str]:
+        if not self.rows.epilogue:
+            return []
+        names = Rows.step_names(self.rows.epi_operands)
+        return [*self._load_operands(self.rows.epi_operands),
+                f"{var} = {pointwise.triton_expr(self.rows.epilogue, var, names)}"]
+
+    def store(self, var: str) -> str:
+        if self.out_rows_only:
+            return f"tl.store(out_ptr + rows64 * stride_out, {var}.to(out_ptr.dtype.element_ty), mask=row_mask)"
+        return (f"tl.store(out_ptr + rows64[:, None] * stride_out + cols[None, :], "
+                f"{var}.to(out_ptr.dtype.element_ty), mask=mask)")
+
+    # -- whole kernel and module --
+    def _full_names(self) -> list[str]:
+        return [a.name for a in self.rows.inputs() if len(a.shape) == 2]
+
+    def kernel(self, body: list[str]) -> list[str]:
+        ptrs = ", ".join(f"{n}_ptr" for n in self.rows.names()) + ", out_ptr"
+        strides = ", ".join(f"stride_{n}" for n in self._full_names()) + ", stride_out"
+        group = ["rows = group * ROWS_PER_PROG + tl.arange(0, ROWS_PER_PROG)",
+                 "row_mask = rows < M",
+                 "rows64 = rows.to(tl.int64)  # element offsets can pass 2**31",
+                 *body]
+        if self.config["PERSISTENT"]:
+            walk = ["for group in range(tl.program_id(0), tl.cdiv(M, ROWS_PER_PROG), tl.num_programs(0)):",
+                    *indent(group)]
+        else:
+            walk = ["group = tl.program_id(0)", *group]
+        return ["@triton.jit",
+                f"def {self.kernel_name}({ptrs},",
+                f"        M, N, {strides},",
+                "        BLOCK_N: tl.constexpr, ROWS_PER_PROG: tl.constexpr):",
+                *indent(walk)]
+
+    def launch(self) -> list[str]:
+        c = self.config
+        names = self.rows.names()
+        args = ", ".join([*names, "out", "M", "N", *(f"{n}.stride(0)" for n in self._full_names()), "out.stride(0)"])
+        lines = [f"def launch({', '.join(names)}, *, out):", "    M, N = x.shape"]
+        if self.single:
+            lines.append(f"    assert N <= {c['BLOCK_N']}, 'single-pass kernel: a whole row must fit in one tile'")
+        lines.append(f"    groups = triton.cdiv(M, {c['ROWS_PER_PROG']})")
+        if c["PERSISTENT"]:
+            lines += ["    # persistent: a fixed grid of a few programs per SM walks the row groups",
+                      f"    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else {CPU_SMS}",
+                      f"    grid = (min(groups, sms * {PROGRAMS_PER_SM}),)"]
+        else:
+            lines.append("    grid = (groups,)")
+        lines += [f"    {self.kernel_name}[grid](",
+                  f"        {args},",
+                  f"        BLOCK_N={c['BLOCK_N']}, ROWS_PER_PROG={c['ROWS_PER_PROG']},",
+                  f"        num_warps={c['num_warps']}, num_stages={c['num_stages']})"]
+        return lines
+
+    def module(self, title: str, body: list[str]) -> str:
+        c = self.config
+        shape = ("single pass: each row is one BLOCK_N tile held in registers" if self.single
+                 else "looped: each row is walked in BLOCK_N column chunks")
+        header = [f"# MTMC kernel: {title}",
+                  f"# config: BLOCK_N={c['BLOCK_N']} ROWS_PER_PROG={c['ROWS_PER_PROG']} num_warps={c['num_warps']} "
+                  f"num_stages={c['num_stages']} PERSISTENT={c['PERSISTENT']}",
+                  f"# {shape}" + ("; a persistent grid walks the row groups" if c["PERSISTENT"] else "")]
+        imports = ["import torch", "import triton", "import triton.language as tl"]
+        return "\n".join([*header, *imports, "", "", *self.kernel(body), "", "", *self.launch()]) + "\n"

@@ -1,0 +1,88 @@
+"""Softmax and log-softmax over the last dim of x [M, N] -> [M, N].
+
+params: "scale" (logits are multiplied by it first, as in scaled attention; default 1.0),
+"prologue" / "epilogue" pointwise chains.  Looped kernels make two passes: an online pass
+keeping the running max and the sum rescaled to it, then a pass that normalizes and stores.
+"""
+from __future__ import annotations
+
+from mtmc.kernels.families import _rows
+from mtmc.kernels.family import TensorArg
+from mtmc.kernels.spec import KernelSpec
+
+NEG_INF = 'float("-inf")'
+
+
+class SoftmaxFamily(_rows.RowFamily):
+    name = "softmax"
+    ops = ("softmax", "log_softmax")
+
+    def describe(self, spec: KernelSpec) -> str:
+        text = self.layout(spec).describe(spec.op)
+        scale = _scale(spec)
+        return text + (f", logits scaled by {scale:g}" if scale != 1.0 else "")
+
+    def validate(self, spec: KernelSpec) -> None:
+        super().validate(spec)
+        _rows.validate_rows(spec, {"prologue", "epilogue", "scale"}, epilogue=True)
+        _scale(spec)
+
+    def output(self, spec: KernelSpec) -> TensorArg:
+        return TensorArg("out", ("M", "N"))
+
+    def reference_source(self, spec: KernelSpec) -> str:
+        op = [f"z = x * {_scale(spec)!r}", f"y = torch.{spec.op}(z, dim=-1)"]
+        # log_softmax = z - logsumexp(z): its rounding error follows both terms, not their difference
+        scale = ["s = z.abs() + torch.logsumexp(z, dim=-1, keepdim=True).abs()" if spec.op == "log_softmax"
+                 else "s = y.abs()"]
+        return self.layout(spec).ref_sources(op, scale)
+
+    def render(self, spec: KernelSpec, config: dict) -> str:
+        t = _rows.RowTemplate(self.layout(spec), config, f"{spec.op}_kernel", out_rows_only=False)
+        scale = _scale(spec)
+        steps = ({"op": "scale", "value": scale},) if scale != 1.0 else ()
+        load = t.load_x(NEG_INF, steps)
+        body = _single_pass(spec.op, t, load) if t.single else _looped(spec.op, t, load)
+        title = f"{spec.op} over the last dim of x [M, N]" + (f", logits scaled by {scale!r}" if steps else "")
+        return t.module(title, body)
+
+    def work(self, spec: KernelSpec) -> tuple[float, float]:
+        # scale, max, subtract, exp, sum, divide
+        return self.layout(spec).work(6.0, self.output(spec))
+
+
+
+def _scale(spec: KernelSpec) -> float:
+    return _rows.number_param(spec, "scale", 1.0)
+
+
+def _finish(t: _rows.RowTemplate, y: str) -> list[str]:
+    return [f"y = {y}", *t.epilogue("y"), t.store("y")]
+
+
+def _single_pass(op: str, t: _rows.RowTemplate, load: list[str]) -> list[str]:
+    stats = ["row_max = tl.max(x, axis=1)",
+             "num = tl.exp(x - row_max[:, None])",
+             "denom = tl.sum(num, axis=1)"]
+    y = ("num * (1.0 / denom)[:, None]" if op == "softmax"
+         else "x - (row_max + tl.log(denom))[:, None]")
+    return t.chunks([*load, *stats, *_finish(t, y)])
+
+
+def _looped(op: str, t: _rows.RowTemplate, load: list[str]) -> list[str]:
+    online = [*load,
+              "new_max = tl.maximum(row_max, tl.max(x, axis=1))",
+              "denom = denom * tl.exp(row_max - new_max) + tl.sum(tl.exp(x - new_max[:, None]), axis=1)",
+              "row_max = new_max"]
+    if op == "softmax":
+        between, y = ["inv_denom = 1.0 / denom"], "tl.exp(x - row_max[:, None]) * inv_denom[:, None]"
+    else:
+        between, y = ["log_norm = row_max + tl.log(denom)"], "x - log_norm[:, None]"
+    return ["row_max = tl.full([ROWS_PER_PROG], float(\"-inf\"), tl.float32)",
+            "denom = tl.zeros([ROWS_PER_PROG], dtype=tl.float32)",
+            *t.chunks(online, "pass 1: running max and the sum rescaled to it"),
+            *between,
+            *t.chunks([*load, *_finish(t, y)], "pass 2: normalize and store")]
+
+
+FAMILY = SoftmaxFamily()
