@@ -21,7 +21,7 @@ from mtmc.agents.runner import run_request, summary_json
 TASKS = {"spine": SPINE_TASKS}
 
 
-def run_tasks(requests: list[str], ctx: Context) -> list[dict]:
+def run_tasks(requests: list[str], ctx: Context, save=lambda rows: None) -> list[dict]:
     rows = []
     for req in requests:
         t0 = time.time()
@@ -34,6 +34,7 @@ def run_tasks(requests: list[str], ctx: Context) -> list[dict]:
         summary["wall_s"] = round(time.time() - t0, 1)
         rows.append(summary)
         print(f"{summary['status']:>11}  {summary.get('final_time_ms')}  {req}  ({summary['wall_s']} s)", flush=True)
+        save(rows)  # after every task: a call cut short keeps what it measured
     return rows
 
 
@@ -67,17 +68,19 @@ def main(argv=None) -> int:
     if args.only:
         requests = [requests[i] for i in args.only]
     ctx = Context(max_steps=args.max_steps, out_path=None)
-    rows = run_tasks(requests, ctx)
     import triton
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
             "torch": torch.__version__, "triton": triton.__version__, "max_steps": args.max_steps}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"{meta['date'][:10]}-{args.tasks}-{gpu.replace(' ', '_')}"
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    md = f"# {args.tasks} benchmark\n\n{json.dumps(meta)}\n\n" + table(rows)
-    (out / f"{stem}.md").write_text(md)
-    print(md)
+
+    def save(rows):
+        (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        (out / f"{stem}.md").write_text(f"# {args.tasks} benchmark\n\n{json.dumps(meta)}\n\n" + table(rows))
+
+    rows = run_tasks(requests, ctx, save)
+    print((out / f"{stem}.md").read_text())
     return 0 if all(r.get("status") == "done" for r in rows) else 1
 
 
