@@ -1,0 +1,321 @@
+"""Write the optimized module file: the upload kept verbatim, the chosen kernels, and ModelNew.
+
+Layout of the file (it needs only torch and triton):
+  1. the user's source, unchanged (so Model, get_inputs and get_init_inputs stay as they were);
+  2. the interpreter switch (TRITON_INTERPRET=1 when there is no GPU, set before any kernel is
+     decorated), then each group's Triton source with its top-level names prefixed per group so
+     that two kernels of one family do not clash, and a wrapper per group that views the graph's
+     values into the kernel's layout, allocates the output, launches, and views it back;
+  3. `class ModelNew(Model)`: the same constructor, parameters and buffers (Model's state_dict
+     loads into it), whose forward is torch.fx's own code for the captured graph with every
+     group that got a kernel replaced by a call to its wrapper.  Submodules captured on their
+     own (when the module above them could not be traced) get their new forward bound to the
+     instance in __init__.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import keyword
+import re
+import textwrap
+import tokenize
+
+import torch.fx as fx
+from torch.fx.node import _get_qualified_name
+
+from mtmc.kernels.catalog import family_of
+from mtmc.kernels.fusion import Group
+from mtmc.kernels.fxjson import rebuild_graph
+from mtmc.kernels.spec import KernelSpec
+
+MARKER = "# ==== MTMC Kernel Agent: generated code below; everything above is the original file ===="
+
+_PRELUDE = '''
+import os as _mtmc_os
+import types as _mtmc_types
+
+import torch
+
+if not torch.cuda.is_available():  # no GPU: kernels run in Triton's interpreter (set before @jit)
+    _mtmc_os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+def _mtmc_reduced_shape(shape, dim, keepdim):
+    """The shape a reduction over `dim` (None: every dim) leaves."""
+    if dim is None:
+        return (1,) * len(shape) if keepdim else ()
+    return tuple(1 if i == dim else s for i, s in enumerate(shape) if keepdim or i != dim)
+'''
+
+
+# -- kernel sources ---------------------------------------------------------------------------
+
+def top_level_names(source: str) -> list[str]:
+    """Functions, classes and variables a kernel source defines at module level."""
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def prefix_names(source: str, prefix: str) -> str:
+    """Rename the source's top-level names to prefix + name: every use of them as a name (not
+    attributes, keyword arguments, strings or comments), keeping the layout Triton reads."""
+    names = set(top_level_names(source))
+    lines = source.splitlines(keepends=True)
+    edits: dict[int, list[tuple[int, int]]] = {}
+    toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    for i, tok in enumerate(toks):
+        if tok.type != tokenize.NAME or tok.string not in names:
+            continue
+        prev = toks[i - 1].string if i else ""
+        nxt = toks[i + 1].string if i + 1 < len(toks) else ""
+        if prev == "." or (nxt == "=" and _in_call(toks, i)):
+            continue
+        edits.setdefault(tok.start[0], []).append((tok.start[1], tok.end[1]))
+    for row, spans in edits.items():
+        line = lines[row - 1]
+        for start, end in sorted(spans, reverse=True):
+            line = line[:start] + prefix + line[start:end] + line[end:]
+        lines[row - 1] = line
+    return "".join(lines)
+
+
+def _in_call(toks, i) -> bool:
+    """Whether the NAME at i sits inside parentheses (a keyword argument, not an assignment)."""
+    depth = 0
+    for tok in reversed(toks[:i]):
+        if tok.type == tokenize.OP and tok.string in ")]}":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in "([{":
+            if depth == 0:
+                return True
+            depth -= 1
+        elif tok.type == tokenize.NEWLINE and depth == 0:
+            return False
+    return False
+
+
+# -- one wrapper per group ----------------------------------------------------------------------
+
+def _view(v: str, view: dict) -> str:
+    kind = view["view"]
+    if kind == "rows":
+        if "dim" in view:
+            d = view["dim"]
+            code = f"{v}.movedim({d}, -1).reshape(-1, {v}.shape[{d}])"
+        else:
+            code = f"{v}.reshape(-1, {v}.shape[-1])"
+    elif kind == "flat":
+        code = f"{v}.reshape(1, -1)"
+    elif kind == "vector":
+        code = f"{v}.reshape(-1)"
+    elif kind == "batched":
+        code = f"{v}.reshape(-1, {v}.shape[-2], {v}.shape[-1])"
+    elif kind == "as_is":
+        code = v
+    else:
+        raise ValueError(f"unknown view {kind!r}")
+    return code + (".contiguous()" if view.get("contiguous") else "")
+
+
+def wrapper_source(group: Group, launch: str, name: str) -> str:
+    """def name(v0, v1, ...): the group's values in, its result (in the node's shape) out."""
+    spec = KernelSpec.from_dict(group.spec)
+    out_arg = family_of(spec).output(spec)
+    out_dtype = f"torch.{out_arg.dtype}" if out_arg.dtype else "v0.dtype"
+    params = [f"v{i}" for i in range(len(group.args))]
+    body = []
+    for g in group.guards:
+        body += [f"if v{g['arg']} != {g['value']!r}:",
+                 f"    raise ValueError('group {group.id} was built for a value of {g['value']!r} here, got ' + str(v{g['arg']}))"]
+    main = group.inputs[0]
+    late = []
+    for k, inp in enumerate(group.inputs):
+        v = f"v{inp['arg']}"
+        if inp["view"] != "like":
+            body.append(f"k{k} = {_view(v, inp)}")
+        elif inp["of"] == "main":
+            body.append(f"k{k} = {_view(f'{v}.expand(v0.shape)', main)}")
+        else:
+            late.append(f"k{k} = {v}.expand(shape).reshape(out.shape)")
+    kind = group.out["kind"]
+    alloc = "dtype={}, device=k0.device".format(out_dtype)
+    if kind == "same":
+        body += ["shape = v0.shape", f"out = torch.empty(k0.shape, {alloc})"]
+    elif kind == "reduced":
+        body += [f"shape = _mtmc_reduced_shape(v0.shape, {group.out['dim']!r}, {group.out['keepdim']!r})",
+                 f"out = torch.empty(k0.shape[0], {alloc})"]
+    elif kind in ("matmul", "bmm"):
+        n = "k1.shape[-2]" if group.out["b_nk"] else "k1.shape[-1]"
+        body += [f"shape = (*v0.shape[:-1], {n})"]
+        lead = "k0.shape[0]" if kind == "matmul" else "k0.shape[0], k0.shape[1]"
+        body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
+    else:
+        raise ValueError(f"unknown output kind {kind!r}")
+    body += late
+    body += [f"{launch}({', '.join(f'k{k}' for k in range(len(group.inputs)))}, out=out)",
+             "return out.view(shape)"]
+    doc = f'"""Group {group.id}: {" -> ".join(group.ops)}."""'
+    return f"def {name}({', '.join(params)}):\n" + textwrap.indent("\n".join([doc, *body]), "    ") + "\n"
+
+
+# -- the rewritten forward ------------------------------------------------------------------------
+
+def _placeholder(group_id: int):
+    """A stand-in callable fx can name in the generated code (aliased to the wrapper later)."""
+    def stand_in(*args):
+        raise RuntimeError("stand-in for a generated wrapper")
+    stand_in.__module__ = "mtmc_groups"
+    stand_in.__name__ = stand_in.__qualname__ = f"group_{group_id}"
+    return stand_in
+
+
+def rewrite(desc: dict, groups: list[Group]) -> tuple[fx.Graph, dict[str, int]]:
+    """The captured graph with each group's nodes replaced by one call; returns the graph and
+    {stand-in name: group id}."""
+    graph, nodes = rebuild_graph(desc["nodes"])
+    had_users = {n.name for n in graph.nodes if n.users}
+    stand_ins = {}
+    for group in groups:
+        last = max((nodes[n] for n in group.nodes), key=_position(graph))
+        with graph.inserting_before(last):
+            args = [nodes[a["node"]] if "node" in a else graph.get_attr(a["attr"]) for a in group.args]
+            fn = _placeholder(group.id)
+            call = graph.call_function(fn, tuple(args))
+        stand_ins[fn] = group.id
+        for r in group.replaces:
+            nodes[r].replace_all_uses_with(call)
+        for n in sorted((nodes[n] for n in group.nodes), key=_position(graph), reverse=True):
+            graph.erase_node(n)
+        for r in group.replaces:  # later groups that read this value read the call
+            nodes[r] = call
+    _drop_dead(graph, had_users)
+    graph.lint()
+    return graph, stand_ins
+
+
+def _position(graph: fx.Graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
+
+
+def _drop_dead(graph: fx.Graph, had_users: set[str]) -> None:
+    """Remove what only fed the replaced nodes (sizes, views, parameter reads); nodes that were
+    unused in the original stay, so nothing the user wrote changes its side effects."""
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(list(graph.nodes)):
+            if n.op in ("call_function", "call_method", "get_attr") and not n.users and n.name in had_users:
+                graph.erase_node(n)
+                changed = True
+
+
+def _global_lines(used: dict[str, object], stand_ins: dict, wrapper_names: dict[int, str]) -> list[str]:
+    """Module-level definitions for the names fx's generated code refers to."""
+    lines = []
+    for name, obj in used.items():
+        if obj in stand_ins:
+            lines.append(f"{name} = {wrapper_names[stand_ins[obj]]}")
+        elif name in ("torch",):
+            continue
+        elif name in ("inf", "nan"):
+            lines.append(f"from math import {name}")
+        elif name == "NoneType":
+            lines.append("NoneType = type(None)")
+        elif name == "device":
+            lines.append("device = torch.device")
+        elif name == "fx_pytree":
+            lines.append("import torch.fx._pytree as fx_pytree")
+        elif name == "pytree":
+            lines.append("import torch.utils._pytree as pytree")
+        else:
+            qual = _get_qualified_name(obj)
+            root = qual.split(".")[0]
+            lines += ([f"import {root}"] if "." in qual else []) + [f"{name} = {qual}"]
+    return lines
+
+
+def forward_source(graph: fx.Graph, fn_name: str) -> tuple[str, dict]:
+    """(`def fn_name(self, ...)` from torch.fx's code generation, the globals it uses)."""
+    code = graph.python_code(root_module="self")
+    src = code.src[code.src.index("def forward("):]
+    src = src.replace("def forward(", f"def {fn_name}(", 1).rstrip() + "\n"
+    used = {k: v for k, v in code.globals.items() if re.search(rf"\b{re.escape(k)}\b", src)}
+    return src, used
+
+
+def _ident(path: str) -> str:
+    s = re.sub(r"\W", "_", path)
+    return s if s.isidentifier() and not keyword.iskeyword(s) else f"m_{s}"
+
+
+# -- the whole file ---------------------------------------------------------------------------
+
+def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dict[int, dict]) -> str:
+    """NEW.py's text.  kernels: group id -> {"source": Triton source with launch(), "config",
+    "summary": words for the header comment}; groups without one stay PyTorch."""
+    chosen = [g for g in groups if g.id in kernels]
+    parts = [user_source.rstrip() + "\n", "", MARKER, _PRELUDE]
+    wrapper_names = {}
+    for g in chosen:
+        k = kernels[g.id]
+        prefix = f"_mtmc_g{g.id}_"
+        header = [f"# ---- group {g.id}: {' -> '.join(g.ops)}",
+                  f"# {family_of(KernelSpec.from_dict(g.spec)).describe(KernelSpec.from_dict(g.spec))}"]
+        if k.get("summary"):
+            header += [f"# {line}" for line in k["summary"].splitlines()]
+        header += [f"# note: {n}" for n in g.notes]
+        parts += ["\n".join(header), prefix_names(k["source"], prefix)]
+        wrapper_names[g.id] = f"_mtmc_group_{g.id}"
+        parts.append(wrapper_source(g, prefix + "launch", wrapper_names[g.id]))
+    used_globals: dict[str, object] = {}
+    stand_ins: dict = {}
+    forwards, bound, root_forward = [], [], None
+    for desc in captured["graphs"]:
+        path = desc.get("path", "")
+        mine = [g for g in chosen if g.graph == path]
+        if not mine:
+            continue
+        graph, made = rewrite(desc, mine)
+        stand_ins.update(made)
+        fn = f"_mtmc_forward_{_ident(path)}" if path else "forward"
+        src, used = forward_source(graph, fn)
+        for name, obj in used.items():
+            used_globals.setdefault(name, obj)
+        if path:
+            forwards.append(src)
+            bound.append((path, fn))
+        else:
+            root_forward = src
+    parts += ["\n".join(_global_lines(used_globals, stand_ins, wrapper_names)), *forwards]
+    parts.append(_model_new(root_forward, bound, len(chosen)))
+    return "\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
+
+
+def _model_new(root_forward: str | None, bound: list[tuple[str, str]], n_kernels: int) -> str:
+    lines = ["class ModelNew(Model):",
+             f'    """Model with {n_kernels} fused Triton kernel(s) in its forward (MTMC Kernel Agent).',
+             "",
+             "    Same constructor, parameters and buffers as Model, so Model's state_dict loads into it.",
+             '    Inference only: the kernels have no backward."""']
+    if bound:
+        lines += ["", "    def __init__(self, *args, **kwargs):",
+                  "        super().__init__(*args, **kwargs)",
+                  "        # submodules captured on their own run their new forward in place of the old"]
+        for path, fn in bound:
+            lines += [f"        _mtmc_sub = self.get_submodule({path!r})",
+                      f"        _mtmc_sub.forward = _mtmc_types.MethodType({fn}, _mtmc_sub)"]
+    if root_forward:
+        lines += ["", textwrap.indent(root_forward.rstrip(), "    ")]
+    if not bound and not root_forward:
+        lines += ["", "    pass"]
+    return "\n".join(lines) + "\n"
