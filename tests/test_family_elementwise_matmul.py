@@ -32,16 +32,6 @@ SCALAR = list(pointwise.SCALAR)
 OPERAND = list(pointwise.BINARY) + list(pointwise.VECTOR)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _only_these_families():
-    """Serve the catalog from these two families alone, so the tests do not depend on the
-    other families' modules."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(catalog._CACHE, "elementwise", ELEMENTWISE)
-        mp.setitem(catalog._CACHE, "matmul", MATMUL)
-        yield
-
-
 def assert_matches_torch(spec, config, dims=None, trials=1):
     family = catalog.family_of(spec)
     family.validate(spec)

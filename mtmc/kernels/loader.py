@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mtmc.kernels.family import TensorArg
 from mtmc.kernels.spec import KernelSpec
 
 _CACHE_DIR = Path(os.environ.get("MTMC_SOURCE_CACHE", Path(tempfile.gettempdir()) / "mtmc-sources"))

@@ -9,7 +9,6 @@ split-K reduction, so a chain is loaded and applied the same way wherever it app
 """
 from __future__ import annotations
 
-import textwrap
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
