@@ -1,0 +1,107 @@
+"""Follow-ups in a conversation, deterministically: is the new text a question about the last
+run, a change to its spec ("use bf16", "try it for 16384 columns", "make it 8192x8192"), or a
+new request?
+
+The words are read by the request parser (kernels.parse), which reports what it recognised
+even when the text names no op; a text that is only a dtype and sizes is a change to the last
+spec.  Anything else goes to the parser as a new request, whose answer says what it can do.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from mtmc.kernels.parse import parse_request
+from mtmc.kernels.spec import KernelSpec
+
+WHY = re.compile(r"\bwhy\b|\bhow come\b|^\s*explain\b|\bwhat made you\b|\breason for\b", re.I)
+STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
+
+# The parser's size words, mapped to each family's dim names (kernels/families/*: row ops and
+# elementwise take x as [M, N]; matmul is M x K by K x N, with a batch B when batched).
+_ROW_SIZES = {"rows": "M", "cols": "N", "M": "M", "N": "N"}
+_MATMUL_SIZES = {"rows": "M", "M": "M", "N": "N", "K": "K", "B": "B", "batch": "B",
+                 "in_features": "K", "out_features": "N"}
+_CHANGE_KEYS = {"dtype", "sizes", "shapes"}   # what a change may consist of
+
+
+@dataclass
+class FollowUp:
+    kind: str                          # why | change | unclear | new
+    spec: dict | None = None           # the changed spec (kind "change")
+    changes: list[str] = field(default_factory=list)   # in words, for the chat
+    message: str = ""                  # why a change could not be applied (kind "unclear")
+    step: int | None = None            # the step a why-question names, if any
+
+
+def asked_step(text: str) -> int | None:
+    m = STEP.search(text)
+    return int(m.group(1)) if m else None
+
+
+def interpret(text: str, last_spec: dict | None) -> FollowUp:
+    """Classify `text` given the conversation's last spec (None before the first run)."""
+    if WHY.search(text):
+        return FollowUp("why", step=asked_step(text))
+    if not last_spec:
+        return FollowUp("new")
+    parsed = parse_request(text)
+    understood = parsed.understood
+    if parsed.ok or not understood or not set(understood) <= _CHANGE_KEYS:
+        return FollowUp("new")
+    try:
+        spec, changes = apply_changes(KernelSpec.from_dict(last_spec), understood)
+    except ValueError as exc:
+        return FollowUp("unclear", message=str(exc))
+    spec.request = f"{spec.request} (then: {text.strip()})" if spec.request else text.strip()
+    return FollowUp("change", spec=spec.to_dict(), changes=changes)
+
+
+def apply_changes(spec: KernelSpec, understood: dict) -> tuple[KernelSpec, list[str]]:
+    """The spec with the parser's recognised dtype / sizes / shape applied; ValueError in words
+    when a size does not fit the spec's op."""
+    from mtmc.kernels.catalog import family_of
+    changes: list[str] = []
+    dtype = understood.get("dtype")
+    if dtype is not None:
+        if not isinstance(dtype, str):
+            raise ValueError(f"I read more than one dtype ({', '.join(dtype)}); name one.")
+        if dtype != spec.dtype:
+            changes.append(f"dtype {spec.dtype} -> {dtype}")
+        spec = KernelSpec(spec.family, spec.op, dict(spec.dims), dtype, dict(spec.params), spec.request)
+    dims = dict(spec.dims)
+    names = _MATMUL_SIZES if spec.family == "matmul" else _ROW_SIZES
+    for word, value in (understood.get("sizes") or {}).items():
+        dim = names.get(word)
+        if dim is None or dim not in dims:
+            raise ValueError(f"{spec.describe()} has no size for '{word}'; its sizes are "
+                             f"{_dims_text(spec.dims)}.")
+        dims[dim] = int(value)
+    shapes = understood.get("shapes") or []
+    if len(shapes) > 1:
+        raise ValueError("I read more than one shape; give one (e.g. 8192x8192).")
+    if shapes:
+        dims.update(_shape_dims(spec, [int(v) for v in shapes[0]]))
+    for name in spec.dims:
+        if dims[name] != spec.dims[name]:
+            changes.append(f"{name} {spec.dims[name]} -> {dims[name]}")
+    new = spec.with_dims(**dims)
+    family_of(new).validate(new)
+    return new, changes or ["nothing: that is the spec of the last run"]
+
+
+def _shape_dims(spec: KernelSpec, shape: list[int]) -> dict[str, int]:
+    if spec.family == "matmul":
+        order = [d for d in ("B", "M", "N", "K") if d in spec.dims]
+        if len(shape) != len(order):
+            raise ValueError(f"for a matmul give {' x '.join(order)} ({len(order)} sizes) "
+                             f"or name them (M=..., N=..., K=...); I read {'x'.join(map(str, shape))}.")
+        return dict(zip(order, shape))
+    if len(shape) < 2:
+        raise ValueError("give the tensor's shape with at least two sizes (rows x columns).")
+    return {"M": math.prod(shape[:-1]), "N": shape[-1]}   # leading dims fold into rows, as parsed
+
+
+def _dims_text(dims: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in dims.items())

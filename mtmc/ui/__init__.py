@@ -1,0 +1,1 @@
+"""The Gradio chat (app.py launches it): layout, handlers, and the pieces they render."""

@@ -1,0 +1,127 @@
+"""The Gradio app: chat (with upload and the pictures), history, settings and status."""
+from __future__ import annotations
+
+import gradio as gr
+
+from mtmc.paths import artifacts_dir
+from mtmc.ui import history, services
+from mtmc.ui.chat import Chat
+from mtmc.ui.plots import TIME_COLUMNS
+from mtmc.ui.settings import Settings, status_markdown, target_choices
+from mtmc.ui.upload import MAX_UPLOAD_BYTES
+
+TITLE = "MTMC Kernel Agent"
+INTRO = ("Ask for a kernel in words (*softmax over the rows of a 4096x8192 fp16 tensor*), upload a "
+         "PyTorch module (`class Model`, `get_inputs()`, `get_init_inputs()`) with the paperclip, "
+         "then follow up (*use bf16*, *try it for 16384 columns*) or ask *why step 1?*")
+RUN_CONCURRENCY = 16   # sessions streaming at once; the runs themselves go one at a time (RunQueue)
+
+
+def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.Blocks:
+    defaults = defaults or Settings.from_env()
+    chat = chat or Chat()
+    with gr.Blocks(title=TITLE, fill_width=True) as demo:
+        thread = gr.State("")
+        conversation = gr.State([])
+        settings = gr.State(defaults.to_dict())
+        gr.Markdown(f"## {TITLE}\n{INTRO}")
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=3):
+                        chatbot = gr.Chatbot(label="Conversation", elem_id="chat", height=640,
+                                             buttons=["copy", "copy_all"], group_consecutive_messages=False)
+                        box = gr.MultimodalTextbox(elem_id="ask", file_types=[".py"], file_count="single",
+                                                   placeholder="Ask for a kernel, attach a module (.py), or ask why...",
+                                                   show_label=False, autofocus=True)
+                        new = gr.Button("New conversation", size="sm", elem_id="new-conversation")
+                    with gr.Column(scale=2):
+                        code = gr.Code(label="Final kernel", language="python", elem_id="kernel-code",
+                                       interactive=False, lines=18, max_lines=30)
+                        download = gr.DownloadButton("Download the kernel file", elem_id="download", size="md")
+                        report = gr.Dataframe(label="Module report", elem_id="report", interactive=False, visible=False)
+                        times = gr.LinePlot(x="step", y="ms", color="series", label="Time per step (ms)",
+                                            caption="PyTorch eager and torch.compile are timed on a GPU only",
+                                            x_title="step", y_title="ms", elem_id="times",
+                                            value=_empty_times())
+                        roofline = gr.HTML("<p>The roofline appears when a run finishes.</p>", elem_id="roofline")
+            with gr.Tab("History", id="history"):
+                with gr.Row():
+                    query = gr.Textbox(label="Search past optimizations", placeholder="e.g. softmax fp16 on H200",
+                                       elem_id="history-query", scale=4)
+                    find = gr.Button("Search", scale=1)
+                note = gr.Markdown()
+                table = gr.Dataframe(headers=history.COLUMNS, interactive=False, elem_id="history-table")
+                pick = gr.Dropdown(label="Open", choices=[], elem_id="history-pick")
+                with gr.Row():
+                    past_chat = gr.Chatbot(label="Steps", height=480)
+                    past_code = gr.Code(label="Kernel", language="python", interactive=False)
+            with gr.Tab("Settings", id="settings"):
+                status = gr.Markdown(_status(defaults), elem_id="status")
+                target = gr.Dropdown(target_choices(), value=defaults.target, label="Target GPU profile")
+                max_steps = gr.Slider(0, 16, value=defaults.max_steps, step=1, label="Planner steps per run")
+                base_url = gr.Textbox(defaults.llm_base_url, label="LLM endpoint (OpenAI-compatible, optional)",
+                                      placeholder="http://localhost:8000/v1")
+                model = gr.Textbox(defaults.llm_model, label="LLM model", placeholder="e.g. Qwen/Qwen2.5-Coder-7B-Instruct")
+                api_key = gr.Textbox(label="API key (kept in this session only)", type="password")
+                save = gr.Button("Save settings", variant="primary")
+
+        names = {"chat": chatbot, "thread": thread, "box": box, "code": code, "download": download,
+                 "times": times, "roofline": roofline, "report": report}
+
+        def respond(message, conv, thread_id, prefs):
+            for update in chat.respond(message, conv, thread_id, prefs):
+                out = {names[k]: v for k, v in update.items()}
+                if "chat" in update:
+                    out[conversation] = update["chat"]
+                yield out
+
+        box.submit(respond, [box, conversation, thread, settings],
+                   [chatbot, conversation, thread, box, code, download, times, roofline, report],
+                   api_name="chat", concurrency_limit=RUN_CONCURRENCY)
+        new.click(lambda: ([], [], "", None, None, _empty_times(), ""),
+                  None, [chatbot, conversation, thread, code, download, times, roofline], api_name="new_conversation")
+
+        def save_settings(tgt, steps, url, mdl, key):
+            prefs = Settings(target=tgt, max_steps=int(steps), llm_base_url=url or "", llm_model=mdl or "",
+                             llm_api_key=key or "")
+            return prefs.to_dict(), _status(prefs)
+
+        save.click(save_settings, [target, max_steps, base_url, model, api_key], [settings, status],
+                   api_name="save_settings")
+        demo.load(lambda prefs: _status(Settings.from_dict(prefs)), settings, status, api_name=False)
+
+        def search(q):
+            rows, ids, text = history.search(q)
+            return rows, gr.update(choices=ids, value=None), text
+
+        gr.on([find.click, query.submit], search, query, [table, pick, note], api_name="search_history")
+        pick.change(history.open_record, pick, [past_chat, past_code], api_name="open_history")
+    return demo
+
+
+def _status(prefs: Settings) -> str:
+    return status_markdown(prefs, services.availability())
+
+
+def _empty_times():
+    import pandas as pd
+    return pd.DataFrame(columns=TIME_COLUMNS)
+
+
+def launch_options(auth: list[tuple[str, str]] | None) -> dict:
+    """Only the artifacts directory may be served as files; uploads are capped in size."""
+    return {"allowed_paths": [str(artifacts_dir())], "max_file_size": MAX_UPLOAD_BYTES,
+            "auth": auth or None, "auth_message": "MTMC Kernel Agent: sign in" if auth else None}
+
+
+def auth_from_env() -> list[tuple[str, str]] | None:
+    """MTMC_AUTH="user:pass[,user2:pass2]" turns on login.  The variable is removed from the
+    environment once read: the sandbox passes MTMC_* variables on to the child processes that
+    run uploaded code, and they must not see it."""
+    import os
+    raw = os.environ.pop("MTMC_AUTH", "")
+    pairs = [tuple(p.split(":", 1)) for p in raw.split(",") if ":" in p]
+    if raw and not pairs:
+        raise ValueError('MTMC_AUTH must look like "user:password" (several separated by commas)')
+    return pairs or None

@@ -1,0 +1,73 @@
+"""Per-conversation settings (target GPU profile, step budget, optional LLM endpoint) and the
+status line that says what this machine can do."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from mtmc.tools.hardware import PROFILES, present_gpu, resolve
+
+DEFAULT_MAX_STEPS = 8
+
+
+@dataclass
+class Settings:
+    target: str = "auto"          # a hardware profile name, or "auto" (the present GPU, else H200)
+    max_steps: int = DEFAULT_MAX_STEPS
+    llm_base_url: str = ""        # OpenAI-compatible endpoint; empty = offline
+    llm_model: str = ""
+    llm_api_key: str = ""         # kept in the session only; never shown or logged
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        """The launch defaults: MTMC_MAX_STEPS, MTMC_TARGET, MTMC_LLM_BASE_URL, MTMC_LLM_MODEL."""
+        steps = os.environ.get("MTMC_MAX_STEPS", "")
+        return cls(target=os.environ.get("MTMC_TARGET", "auto"),
+                   max_steps=int(steps) if steps.isdigit() else DEFAULT_MAX_STEPS,
+                   llm_base_url=os.environ.get("MTMC_LLM_BASE_URL", ""),
+                   llm_model=os.environ.get("MTMC_LLM_MODEL", ""))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Settings":
+        return cls(**{k: v for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
+
+    @property
+    def llm_configured(self) -> bool:
+        return bool(self.llm_base_url.strip() and self.llm_model.strip())
+
+
+def target_choices() -> list[tuple[str, str]]:
+    """(label, value) pairs for the target dropdown."""
+    return [("auto: the GPU here, else H200", "auto")] + [(p.name, key) for key, p in PROFILES.items()]
+
+
+def gpu_status() -> str:
+    gpu = present_gpu()
+    if gpu:
+        return f"GPU: **{gpu.name}** (sm_{gpu.arch}); drafts are checked and timed on it"
+    return ("GPU: **none**: correctness runs in Triton's interpreter on small shapes, resources come "
+            "from a real compile for the target, and times are roofline estimates (labelled so)")
+
+
+def llm_status(settings: Settings) -> str:
+    # The agents take an optional chat model (Context.llm, explain(llm=)) but none phrases or
+    # writes with it yet; say so rather than imply an LLM is at work.
+    if not settings.llm_configured:
+        return "LLM: **offline** (deterministic parser, planner, coder and explainer)"
+    return (f"LLM: `{settings.llm_model}` at `{settings.llm_base_url}` is stored, but no agent uses "
+            f"an LLM yet: runs and answers stay in **offline** mode")
+
+
+def status_markdown(settings: Settings, parts: dict[str, str]) -> str:
+    """Everything a user needs to know about what will happen on this machine."""
+    try:
+        target = resolve(settings.target).name + (" (auto)" if settings.target == "auto" else "")
+    except ValueError as exc:
+        target = f"unknown ({exc})"
+    lines = [f"- {gpu_status()}", f"- Target profile: **{target}**; at most {settings.max_steps} planner steps per run",
+             f"- {llm_status(settings)}"]
+    lines += [f"- {name}: {state}" for name, state in parts.items()]
+    return "\n".join(lines)

@@ -1,0 +1,317 @@
+"""The chat app: its pieces on their own, then the launched `python app.py` driven through
+gradio_client for each flow (request, follow-up, why, upload), with login, the run queue and
+the file-serving limits."""
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mtmc.agents.followup import interpret
+from mtmc.kernels.parse import parse_request
+from mtmc.tools.hardware import PROFILES
+from mtmc.ui.plots import kernel_point, roofline_svg, time_table
+from mtmc.ui.runqueue import RunQueue, run_in_line
+from mtmc.ui.steps import StepStream
+from mtmc.ui.upload import MAX_UPLOAD_BYTES, UploadError, check_module
+
+MODULES = Path(__file__).parent / "modules"
+SOFTMAX = parse_request("softmax over the rows of a 4096x8192 fp16 tensor").spec.to_dict()
+MATMUL = parse_request("matmul of 512x512 by 512x256 in fp16").spec.to_dict()
+
+
+# -- follow-ups ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, kind, dims, dtype", [
+    ("use bf16", "change", {"M": 4096, "N": 8192}, "bfloat16"),
+    ("try it for 16384 columns", "change", {"M": 4096, "N": 16384}, "float16"),
+    ("with 2048 rows", "change", {"M": 2048, "N": 8192}, "float16"),
+    ("make it 8192x8192", "change", {"M": 8192, "N": 8192}, "float16"),
+    ("make it [16, 128, 768] in fp32", "change", {"M": 2048, "N": 768}, "float32"),
+])
+def test_followup_changes_the_last_spec(text, kind, dims, dtype):
+    f = interpret(text, SOFTMAX)
+    assert f.kind == kind and f.spec["dims"] == dims and f.spec["dtype"] == dtype
+    assert f.spec["family"] == "softmax" and text in f.spec["request"]
+    assert f.changes and all("->" in c for c in f.changes)
+
+
+def test_followup_questions_new_requests_and_unclear_sizes():
+    assert interpret("why did you choose BLOCK_M=128 at step 3?", MATMUL).kind == "why"
+    assert interpret("why step 2?", MATMUL).step == 2
+    assert interpret("why not fuse the softmax?", SOFTMAX).kind == "why"
+    assert interpret("layernorm of a 64x64 tensor", SOFTMAX).kind == "new"      # a whole request
+    assert interpret("use bf16", None).kind == "new"                           # nothing to change yet
+    assert interpret("hello", SOFTMAX).kind == "new"                           # the parser answers
+    k = interpret("K=2048", SOFTMAX)
+    assert k.kind == "unclear" and "no size for 'K'" in k.message
+    assert interpret("K=2048", MATMUL).spec["dims"]["K"] == 2048
+    assert interpret("make it 1024x1024x2048", MATMUL).spec["dims"] == {"M": 1024, "N": 1024, "K": 2048}
+    assert interpret("make it 8192x8192", MATMUL).kind == "unclear"            # which two of M, N, K?
+
+
+# -- the run line -------------------------------------------------------------------------------
+def test_runs_go_one_at_a_time_and_waiting_ones_see_their_place():
+    line, release = RunQueue(), threading.Event()
+    running, seen = [], {}
+
+    def job(name, hold):
+        def run(on_event):
+            running.append(name)
+            assert len(running) == 1, "two runs at once"
+            on_event({"event": "hello", "who": name})
+            if hold:
+                release.wait(10)
+            running.remove(name)
+            return name
+        return run
+
+    def consume(name, hold):
+        seen[name] = list(run_in_line(line, job(name, hold), poll_s=0.05))
+
+    first = threading.Thread(target=consume, args=("a", True))
+    first.start()
+    time.sleep(0.2)
+    second = threading.Thread(target=consume, args=("b", False))
+    second.start()
+    time.sleep(0.5)
+    release.set()
+    first.join(10), second.join(10)
+    assert seen["a"] == [("event", {"event": "hello", "who": "a"}), ("done", "a")]
+    assert seen["b"][0] == ("wait", 1) and seen["b"][-1] == ("done", "b")
+
+
+def test_a_waiting_place_given_up_is_never_run():
+    line = RunQueue()
+    holder = line.join()
+    assert line.wait_turn(holder)
+    ran = []
+    waiting = run_in_line(line, lambda on_event: ran.append(1), poll_s=0.05)
+    assert next(waiting) == ("wait", 1)
+    waiting.close()                      # the user left while waiting
+    line.leave(holder)
+    time.sleep(0.3)
+    assert ran == [] and line.ahead(line.join()) == 0
+
+
+# -- the step bubbles -----------------------------------------------------------------------------
+def _verdict(ok=True, kind=None, ms=0.01):
+    return {"ok": ok, "kind": kind, "stage": "done" if ok else "compile", "detail": "" if ok else "needs 300000 B",
+            "time_ms": ms if ok else None, "measured": False,
+            "timing": {"label": "estimate (no GPU): roofline model", "ideal_ms": 0.001},
+            "correctness": {"reason": "matches the float64 reference", "max_rel_err": 0.1, "device": "cpu", "dims": {"M": 3}}
+            if ok else None,
+            "resources": {"target": "NVIDIA H200", "kernels": [{"name": "k", "regs": 40, "spill_bytes": 0, "shared_bytes": 0}]}}
+
+
+def test_events_become_one_bubble_per_step_pending_then_done():
+    s = StepStream()
+    s.feed({"event": "parsed", "description": "softmax of 4x8", "assumptions": ["fp32"], "spec": SOFTMAX})
+    s.feed({"event": "retrieved", "count": 2})
+    s.feed({"event": "code", "step": 0, "config": {"BLOCK_N": 8}, "diff": "", "origin": "template"})
+    assert s.messages[-1]["metadata"]["status"] == "pending"
+    s.feed({"event": "verify", "step": 0, "verdict": _verdict()})
+    s.feed({"event": "step", "step": 0, "origin": "template", "action": {"kind": "init"}, "reason": "first draft",
+            "alternatives": [], "config": {"BLOCK_N": 8}, "verdict": _verdict(), "time_ms": 0.01, "outcome": "accepted"})
+    s.feed({"event": "plan", "step": 1, "action": {"kind": "warps", "knob": "num_warps", "value": 8},
+            "reason": "more warps", "alternatives": [{"action": "num_warps=8", "prob": 0.6, "predicted_ms": 0.008},
+                                                     {"action": "stop", "prob": 0.4, "predicted_ms": 0.01}]})
+    s.feed({"event": "code", "step": 1, "config": {"BLOCK_N": 8, "num_warps": 8}, "diff": "--- before.py\n+++ after.py\n-a\n+b",
+            "origin": "planner"})
+    s.feed({"event": "verify", "step": 1, "verdict": _verdict(False, "smem_overflow")})
+    s.feed({"event": "debug", "step": 1, "fix": "num_stages=2", "reason": "fewer stages need less shared memory"})
+    bubble = s.messages[-1]
+    assert bubble["metadata"]["title"] == "Step 1 · planner: num_warps=8"
+    assert bubble["metadata"]["status"] == "pending" and "smem_overflow" in bubble["metadata"]["log"]
+    s.feed({"event": "step", "step": 1, "origin": "planner", "action": {"kind": "warps", "knob": "num_warps", "value": 8},
+            "verdict": _verdict(False, "smem_overflow"), "outcome": "failed; debugger: num_stages=2"})
+    s.feed({"event": "code", "step": 2, "config": {"num_stages": 2}, "diff": "", "origin": "debugger"})
+    s.feed({"event": "plan", "step": 3, "action": {"kind": "stop"}, "reason": "budget used", "alternatives": []})
+    s.feed({"event": "final", "status": "done", "message": "softmax: best draft is step 0.\nKernel file: /x.py"})
+    intake, step0, step1, step2, stop, final = s.messages
+    assert "softmax of 4x8" in intake["content"] and "assumed: fp32" in intake["content"] and "memory: 2" in intake["content"]
+    assert step0["metadata"]["status"] == "done" and "**Outcome:** accepted" in step0["content"]
+    assert "Against PyTorch" in step0["content"] and "estimate" in step0["content"]
+    assert "| `num_warps=8` | 0.60 |" in step1["content"] and "```diff" in step1["content"]
+    assert "Debugger:** num_stages=2" in step1["content"] and step1["metadata"]["status"] == "done"
+    assert step2["metadata"]["title"].startswith("Step 2 · debugger") and "fewer stages" in step2["content"]
+    assert stop["metadata"]["title"] == "Planner: stop" and "budget used" in stop["content"]
+    assert final["content"].startswith("**softmax: best draft is step 0.**")
+    assert [r["step"] for r in s.records] == [0, 1]
+
+
+def test_plots_show_each_step_and_place_the_kernel_under_the_roof():
+    records = [{"step": 0, "verdict": _verdict(ms=0.02), "time_ms": 0.02},
+               {"step": 1, "verdict": _verdict(False, "smem_overflow"), "time_ms": None},
+               {"step": 2, "verdict": {**_verdict(ms=0.01), "measured": True}, "time_ms": 0.01}]
+    table = time_table(records, {"eager_ms": 0.05, "compile_ms": 0.03})
+    rows = set(map(tuple, table.values.tolist()))
+    assert (0, 0.02, "kernel (estimate, no GPU)") in rows and (2, 0.01, "kernel (measured)") in rows
+    assert (2, 0.05, "PyTorch eager") in rows and (0, 0.03, "torch.compile") in rows and len(rows) == 6
+    point = kernel_point(SOFTMAX, 0.05, PROFILES["h200"], measured=False)
+    assert 0 < point["of_roof"] <= 1 and point["gbs"] > 100
+    svg = roofline_svg([point], PROFILES["h200"])
+    assert svg.startswith("<svg") and "NVIDIA H200" in svg and "estimate, no GPU" in svg and "<circle" in svg
+
+
+# -- uploads -------------------------------------------------------------------------------------
+def test_uploads_are_checked_without_running_them(tmp_path):
+    kept = check_module(MODULES / "linear_bias_relu.py")
+    assert kept.read_text() == (MODULES / "linear_bias_relu.py").read_text() and kept.parent.parent.name == "uploads"
+    bad = {"notes.txt": "class Model: pass", "broken.py": "def (:", "nomodel.py": "def get_inputs(): pass",
+           "big.py": "#" * (MAX_UPLOAD_BYTES + 1),
+           "boom.py": "raise SystemExit('ran!')\nclass Model: pass\ndef get_inputs(): pass\ndef get_init_inputs(): pass"}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+    msgs = {}
+    for name in bad:
+        try:
+            check_module(tmp_path / name)
+        except UploadError as exc:
+            msgs[name] = str(exc)
+    assert "only Python modules" in msgs["notes.txt"] and "not valid Python" in msgs["broken.py"]
+    assert "missing: Model, get_init_inputs" in msgs["nomodel.py"] and "limit" in msgs["big.py"]
+    assert "boom.py" not in msgs   # valid format: accepted, and checking it did not execute it
+
+
+def test_login_comes_from_the_environment_and_leaves_it(monkeypatch):
+    from mtmc.ui.layout import auth_from_env
+    monkeypatch.setenv("MTMC_AUTH", "ann:pw1,bob:pw:2")
+    assert auth_from_env() == [("ann", "pw1"), ("bob", "pw:2")]
+    assert "MTMC_AUTH" not in os.environ     # sandboxed children inherit MTMC_* variables
+    monkeypatch.setenv("MTMC_AUTH", "nocolon")
+    with pytest.raises(ValueError):
+        auth_from_env()
+
+
+# -- the launched app -----------------------------------------------------------------------------
+AUTH = ("tester", "s3cret")
+
+
+@pytest.fixture(scope="module")
+def app_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("app-home")
+
+
+@pytest.fixture(scope="module")
+def app_url(app_home):
+    from mtmc.ui.process import running_app
+    env = {"MTMC_HOME": str(app_home), "MTMC_MAX_STEPS": "1", "MTMC_AUTH": ":".join(AUTH)}
+    with running_app(env, log=app_home / "app.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    from gradio_client import Client
+    return Client(app_url, auth=AUTH, verbose=False)
+
+
+def _ask(client, text="", files=()):
+    """Submit one chat message; returns every streamed update as a dict of the outputs by name."""
+    from gradio_client import handle_file
+    job = client.submit({"text": text, "files": [handle_file(str(f)) for f in files]}, api_name="/chat")
+    job.result(timeout=600)
+    names = ["chat", "box", "code", "download", "times", "roofline", "report"]
+    return [dict(zip(names, out)) for out in job.outputs()]
+
+
+def _text(msg):
+    c = msg["content"]
+    return c if isinstance(c, str) else " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+
+
+def _last(updates, key):
+    vals = [u[key] for u in updates if not (isinstance(u[key], dict) and u[key].get("__type__") == "update")]
+    return vals[-1] if vals else None
+
+
+def test_without_login_nothing_is_served(app_url):
+    from gradio_client import Client
+    with pytest.raises(Exception):
+        Client(app_url, verbose=False)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(app_url + "gradio_api/info")
+    assert err.value.code in (401, 403)
+
+
+@pytest.mark.slow
+def test_request_streams_steps_and_ends_with_a_kernel_after_waiting_its_turn(app_url, client):
+    from gradio_client import Client
+    other, theirs = Client(app_url, auth=AUTH, verbose=False), {}
+    ahead = threading.Thread(target=lambda: theirs.update(u=_ask(other, "rmsnorm of a 64x256 fp32 tensor")))
+    ahead.start()
+    time.sleep(1.5)                      # their run holds the line; ours must wait and say so
+    updates = _ask(client, "matmul of 256x256 by 256x128 in fp16")
+    ahead.join(600)
+    assert "best draft is step" in _text(_last(theirs["u"], "chat")[-1])
+    waits = [m for u in updates if isinstance(u["chat"], list) for m in u["chat"]
+             if (m.get("metadata") or {}).get("title") == "In the queue"]
+    assert waits and "1 run ahead of you" in _text(waits[0])
+    chats = [u["chat"] for u in updates if isinstance(u["chat"], list)]
+    titles = [[(m.get("metadata") or {}).get("title") for m in c] for c in chats]
+    statuses = [(m.get("metadata") or {}).get("status") for c in chats for m in c]
+    assert "pending" in statuses, "steps stream while they run"
+    final_chat = chats[-1]
+    assert "Step 0 · first draft (template)" in titles[-1] and any(t and t.startswith("Step 1 · planner") for t in titles[-1])
+    step1 = next(m for m in final_chat if ((m.get("metadata") or {}).get("title") or "").startswith("Step 1"))
+    body = _text(step1)
+    assert "| alternative | probability |" in body and "```diff" in body and "regs" in body and "estimate" in body
+    assert "best draft is step" in _text(final_chat[-1])
+    code, download = _last(updates, "code"), _last(updates, "download")
+    assert "@triton.jit" in code and "float16" in code
+    assert Path(download).read_text().strip() == code.strip()
+    times = _last(updates, "times")
+    assert {row[0] for row in times["data"]} == {0, 1}
+    assert "final kernel (step" in _last(updates, "roofline")
+
+
+@pytest.mark.slow
+def test_followup_reruns_the_same_conversation_with_the_change(client):
+    updates = _ask(client, "use bf16")
+    chat = _last(updates, "chat")
+    assert "Follow-up on the last kernel: dtype float16 -> bfloat16." in [_text(m) for m in chat]
+    assert sum(_text(m) == "matmul of 256x256 by 256x128 in fp16" for m in chat) == 1   # same conversation
+    assert "bfloat16" in _text(chat[-1]) and "best draft is step" in _text(chat[-1])
+    assert "bfloat16" in _last(updates, "code")
+
+
+def test_why_is_answered_from_the_recorded_decision(client):
+    chat = _last(_ask(client, "why step 1?"), "chat")
+    answer = _text(chat[-1])
+    assert chat[-2]["role"] == "user" and chat[-1]["role"] == "assistant"
+    assert "Step 1" in answer and "p=" in answer           # the alternatives with probabilities
+    assert "H200" in answer and "Estimated, not measured" in answer
+    assert "not available yet" not in answer               # the real explainer, not the fallback
+    unclear = _text(_last(_ask(client, "K=1x2"), "chat")[-1])
+    assert unclear                                          # any text: answered, never a crash
+
+
+def test_a_new_conversation_has_nothing_to_explain(app_url):
+    from gradio_client import Client
+    fresh = Client(app_url, auth=AUTH, verbose=False)
+    assert "nothing to explain yet" in _text(_last(_ask(fresh, "why step 1?"), "chat")[-1])
+
+
+def test_only_artifacts_are_served_as_files(app_url, app_home):
+    import http.cookiejar
+    import urllib.parse
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    browser.open(app_url + "login", data=urllib.parse.urlencode(dict(zip(("username", "password"), AUTH))).encode())
+    kernel = next((app_home / "artifacts").glob("*.py"))     # written by the runs above
+    assert browser.open(app_url + "gradio_api/file=" + str(kernel)).status == 200
+    for secret in (app_home / "checkpoints.sqlite", Path(__file__).resolve(), Path("/etc/passwd"),
+                   kernel.parent / ".." / "checkpoints.sqlite"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            browser.open(app_url + "gradio_api/file=" + str(secret))
+        assert err.value.code == 403, secret
+
+
+def test_uploads_that_are_not_modules_get_a_clear_answer(client, tmp_path):
+    notes = tmp_path / "notes.py"
+    notes.write_text("print('hello')\n")
+    chat = _last(_ask(client, "", [notes]), "chat")
+    assert chat[-2]["content"] and "notes.py" in _text(chat[-2])
+    assert "not in the benchmark format" in _text(chat[-1])
