@@ -92,8 +92,24 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}"
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, or torch's allocator failing under the sandbox's memory limit."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
+def memory_limit_mb() -> int | None:
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft // 2**20
+
+
 def _failure(what: str, exc: BaseException, path: str) -> UploadError:
     at = where(exc, path)
+    if out_of_memory(exc):
+        limit = memory_limit_mb()
+        return UploadError(f"{what} ran out of memory" + (f" (the limit is {limit} MB)" if limit else "")
+                           + (f"\n  at {at}" if at else ""))
     return UploadError(f"{what} raised {type(exc).__name__}: {str(exc).strip()[:600]}"
                        + (f"\n  at {at}" if at else ""))
 
@@ -109,10 +125,8 @@ def load_upload(path: str):
         module = load_file(path, "mtmc_upload")
     except SyntaxError as e:
         raise UploadError(f"{name} has a syntax error at line {e.lineno}: {e.msg}"
-                          + (f"\n  {e.text.rstrip()}" if e.text else "")) from None
-    except MemoryError:
-        raise
-    except BaseException as e:  # SystemExit and KeyboardInterrupt from an upload are failures too
+                          + (f"\n  {e.text.strip()}" if e.text else "")) from None
+    except BaseException as e:  # SystemExit, KeyboardInterrupt and MemoryError from an upload too
         raise _failure(f"importing {name}", e, path) from None
     import torch.nn as nn
     missing = [n for n in ("get_inputs", "get_init_inputs") if not callable(getattr(module, n, None))]
@@ -133,16 +147,12 @@ def build(module, path: str):
     try:
         init = list(module.get_init_inputs())
         model = module.Model(*init)
-    except MemoryError:
-        raise
     except BaseException as e:
         raise _failure(f"building Model(*get_init_inputs()) from {name}", e, path) from None
     phase("inputs")
     try:
         inputs = module.get_inputs()
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-    except MemoryError:
-        raise
     except BaseException as e:
         raise _failure(f"get_inputs() in {name}", e, path) from None
     return model, inputs
@@ -165,8 +175,6 @@ def run_recording_calls(model, inputs, path: str):
     try:
         with torch.no_grad():
             out = model(*inputs)
-    except MemoryError:
-        raise
     except BaseException as e:
         raise _failure(f"Model.forward on get_inputs() from {os.path.basename(path)}", e, path) from None
     finally:

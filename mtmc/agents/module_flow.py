@@ -1,0 +1,238 @@
+"""Optimize an uploaded PyTorch module end to end (DESIGN.md, "Who uses it", 2).
+
+  capture (child) -> partition -> the MTMC loop on each group -> assemble ModelNew -> check it
+  against Model (child) -> on a GPU: time it against eager and torch.compile -> report
+
+The upload is never imported here: capture, the check and the timing run in sandboxed children
+(timeout, memory limit, no network).  A bad upload (syntax error, missing get_inputs, an import
+that hangs or allocates without bound, a forward that raises) ends the run with status
+"rejected" and a message that says what went wrong and where; the app keeps running.
+
+Speed decides only where it is measured: on a GPU a group whose best kernel is slower than
+PyTorch eager on that group stays PyTorch; without one every group the catalog serves gets its
+kernel (times are roofline estimates, labelled so).  A group whose kernel passed its own check
+but breaks the whole module's check also stays PyTorch, so the written ModelNew is always the
+last version that passed.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+from mtmc.agents.context import Context
+from mtmc.agents.module_report import markdown_report, summary_json
+from mtmc.agents.runner import run_request
+from mtmc.kernels.assemble import assemble
+from mtmc.kernels.capture import PHASES, last_phase
+from mtmc.kernels.fusion import Group, partition
+from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.sandbox import run_job
+from mtmc.tools.verify import gpu_available
+
+CAPTURE_TIMEOUT_S = 120.0
+MEMORY_MB = 8192
+
+
+class Rejected(Exception):
+    """The upload cannot be optimized; the message says why in plain words."""
+
+
+# -- capture --------------------------------------------------------------------------------
+
+def check_syntax(source: str, name: str) -> None:
+    """Parse (never run) the upload, so a syntax error is answered at once."""
+    try:
+        ast.parse(source, filename=name)
+    except SyntaxError as e:
+        text = f"\n  {e.text.strip()}" if e.text else ""
+        raise Rejected(f"{name} has a syntax error at line {e.lineno}: {e.msg}{text}") from None
+
+
+def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int = MEMORY_MB) -> dict:
+    """kernels.capture's result for the file, from a sandboxed child; Rejected with a clear
+    message when the upload cannot be captured."""
+    name = os.path.basename(path)
+    result = run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s, memory_mb=memory_mb)
+    status = result.get("status")
+    phase = PHASES.get(last_phase(result.get("stderr_tail") or "") or "", "loading it")
+    if status == "timed_out":
+        raise Rejected(f"{name}: {phase} did not finish within {timeout_s:g} s (an endless loop, or waiting "
+                       "on something that never answers); the child process was stopped")
+    if status == "crashed":
+        tail = result.get("stderr_tail") or ""
+        if "MemoryError" in tail or "memory" in tail.lower() or result.get("returncode") == -9:
+            raise Rejected(f"{name}: {phase} ran out of memory (the limit is {memory_mb} MB); the child process died")
+        raise Rejected(f"{name}: the child process died while {phase}: {result.get('detail', '')[:500]}")
+    if status == "error":
+        if result.get("error_type") == "MemoryError":
+            raise Rejected(f"{name}: {phase} ran out of memory (the limit is {memory_mb} MB)")
+        raise Rejected(f"{name}: capturing the module failed while {phase}: "
+                       f"{result.get('error_type')}: {result.get('message', '')[:500]}")
+    captured = result["result"]
+    if "upload_error" in captured:
+        raise Rejected(captured["upload_error"])
+    return captured
+
+
+# -- one group through the loop ---------------------------------------------------------------
+
+def _outcome_from_state(state: dict, gpu: bool) -> dict:
+    """What the loop found for one group: a kernel, or why the group stays PyTorch."""
+    best = state.get("best") or {}
+    if state.get("status") != "done" or not best:
+        return {"status": "fallback", "reason": (state.get("message") or "no draft passed").splitlines()[0]}
+    verdict = best.get("verdict") or {}
+    baselines = state.get("baselines") or {}
+    out = {"status": "kernel", "source": best["source"], "config": best["config"], "step": best.get("step"),
+           "correctness": verdict.get("correctness") or {}, "time_ms": best.get("time_ms"),
+           "measured": bool(verdict.get("measured")), "eager_ms": baselines.get("eager_ms"),
+           "compile_ms": baselines.get("compile_ms"), "resources": verdict.get("resources"),
+           "reason": "the catalog serves it"}
+    if gpu and out["measured"] and out["eager_ms"] and out["time_ms"] > out["eager_ms"]:
+        out.update(status="fallback", reason=f"its best kernel ({out['time_ms']:.4f} ms) loses to PyTorch eager "
+                   f"({out['eager_ms']:.4f} ms) on the GPU")
+    elif not gpu:
+        out["reason"] = "no GPU to compare speeds: every group the catalog serves gets its kernel"
+    return out
+
+
+def optimize_groups(groups: list[Group], ctx: Context, gpu: bool, on_event=None) -> dict[int, dict]:
+    """Run the MTMC loop on each group's spec (once per distinct spec); outcome per group id."""
+    outcomes: dict[int, dict] = {}
+    by_key: dict[str, int] = {}
+    group_ctx = dataclasses.replace(ctx, out_path=None)
+    for g in groups:
+        spec = KernelSpec.from_dict(g.spec)
+        if spec.key() in by_key:
+            first = by_key[spec.key()]
+            outcomes[g.id] = {**outcomes[first], "same_as": first}
+            continue
+        by_key[spec.key()] = g.id
+        _emit(on_event, "group_start", group=g.id, ops=g.ops, description=spec.describe())
+
+        def forward(ev, gid=g.id):
+            _emit(on_event, ev.get("event", "event"), group=gid, **{k: v for k, v in ev.items() if k != "event"})
+        state = run_request(spec.request, group_ctx, spec=g.spec, on_event=forward)
+        outcomes[g.id] = _outcome_from_state(state, gpu)
+        _emit(on_event, "group_done", group=g.id, status=outcomes[g.id]["status"], reason=outcomes[g.id]["reason"])
+    return outcomes
+
+
+def _emit(on_event, kind: str, **data) -> None:
+    if on_event:
+        on_event({"event": kind, **data})
+
+
+# -- assemble and check -----------------------------------------------------------------------
+
+def _kernels(groups: list[Group], outcomes: dict[int, dict], only: set[int] | None = None) -> dict[int, dict]:
+    chosen = {}
+    for g in groups:
+        o = outcomes.get(g.id, {})
+        if o.get("status") == "kernel" and (only is None or g.id in only):
+            summary = f"config: {o['config']}\ncorrectness: {o['correctness'].get('reason', '')}"
+            chosen[g.id] = {"source": o["source"], "config": o["config"], "summary": summary}
+    return chosen
+
+
+def check_in_child(path: str, gpu: bool, timeout_s: float, trials: int = 2) -> dict:
+    job = {"kind": "module_check", "path": os.path.abspath(path), "device": "cuda" if gpu else "cpu", "trials": trials}
+    result = run_job(job, timeout_s=timeout_s, memory_mb=None if gpu else MEMORY_MB, interpret=not gpu)
+    if result.get("status") == "ok":
+        return result["result"]
+    if result.get("status") == "timed_out":
+        return {"status": "failed", "reason": f"the module check did not finish within {timeout_s:g} s"}
+    detail = result.get("message") or result.get("detail") or ""
+    return {"status": "failed", "reason": f"ModelNew raised {result.get('error_type', 'an error')}: {detail[:600]}"}
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def assemble_checked(source: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
+                     gpu: bool, timeout_s: float, on_event=None) -> dict:
+    """Write ModelNew with every kernel, check it; when the check fails, find the groups that
+    break it (each checked alone), let them fall back, and write and check again."""
+    _write(out, assemble(source, captured, groups, _kernels(groups, outcomes)))
+    check = check_in_child(str(out), gpu, timeout_s)
+    _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
+    if check["status"] != "failed" or not _kernels(groups, outcomes):
+        return check
+    with tempfile.TemporaryDirectory(prefix="mtmc-isolate-") as tmp:
+        for gid in list(_kernels(groups, outcomes)):
+            alone = Path(tmp) / f"group_{gid}.py"
+            _write(alone, assemble(source, captured, groups, _kernels(groups, outcomes, {gid})))
+            one = check_in_child(str(alone), gpu, timeout_s)
+            if one["status"] == "failed":
+                outcomes[gid].update(status="fallback", reason=f"breaks the module check: {one.get('reason', '')}")
+                _emit(on_event, "group_fallback", group=gid, reason=outcomes[gid]["reason"])
+    _write(out, assemble(source, captured, groups, _kernels(groups, outcomes)))
+    check = check_in_child(str(out), gpu, timeout_s)
+    _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
+    return check
+
+
+def time_in_child(path: str, timeout_s: float) -> dict:
+    result = run_job({"kind": "module_time", "path": os.path.abspath(path), "device": "cuda"},
+                     timeout_s=timeout_s, interpret=False)
+    if result.get("status") == "ok":
+        return result["result"]
+    return {"measured": False, "error": f"{result.get('status')}: {result.get('message') or result.get('detail', '')}"[:500]}
+
+
+# -- the whole flow ---------------------------------------------------------------------------
+
+def optimize_module(path: str, ctx: Context, out_path: str, report_path: str | None = None, on_event=None,
+                    capture_timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int = MEMORY_MB) -> dict:
+    """Optimize the module file at `path`, write ModelNew to out_path (and the markdown report to
+    report_path).  Returns the summary (see module_report.summary_json) with "status":
+    "done" (ModelNew written and checked), "rejected" (a bad upload; "message" says why) or
+    "failed" (ModelNew does not match Model even with every group in PyTorch)."""
+    name = os.path.basename(path)
+    try:
+        source = Path(path).read_text()
+        check_syntax(source, name)
+        captured = capture_in_child(path, capture_timeout_s, memory_mb)
+    except (Rejected, OSError, UnicodeDecodeError) as e:
+        message = str(e) if isinstance(e, Rejected) else f"cannot read {path}: {e}"
+        _emit(on_event, "rejected", message=message)
+        return {"status": "rejected", "file": name, "message": message}
+    _emit(on_event, "captured", graphs=[g["path"] for g in captured["graphs"]], problems=captured["problems"])
+    part = partition(captured)
+    _emit(on_event, "partitioned", groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
+          torch_ops=part.torch_ops)
+    gpu = gpu_available() if ctx.use_gpu is None else ctx.use_gpu
+    outcomes = optimize_groups(part.groups, ctx, gpu, on_event)
+    out = Path(out_path)
+    check = assemble_checked(source, captured, part.groups, outcomes, out, gpu, ctx.timeout_s, on_event)
+    timing = time_in_child(str(out), ctx.timeout_s) if gpu and check["status"] == "passed" else None
+    if timing:
+        _emit(on_event, "module_time", **timing)
+    status = "failed" if check["status"] == "failed" else "done"
+    summary = summary_json(name, str(out), status, captured, part, outcomes, check, timing, gpu)
+    report = markdown_report(summary)
+    if report_path:
+        _write(Path(report_path), report)
+    summary["report"] = report
+    summary["message"] = _final_message(summary)
+    _emit(on_event, "final", status=status, message=summary["message"])
+    return summary
+
+
+def _final_message(s: dict) -> str:
+    kernels = sum(1 for g in s["groups"] if g["status"] == "kernel")
+    lines = [f"{s['file']}: {len(s['groups'])} fusion group(s), {kernels} with a Triton kernel; ModelNew written to {s['out']}.",
+             f"Check: {s['check']['status']}: {s['check'].get('reason', '')}"]
+    e2e = s.get("end_to_end")
+    if e2e and e2e.get("measured"):
+        lines.append(f"End to end: {e2e['ours_ms']:.4f} ms vs eager {e2e['eager_ms']:.4f} ms "
+                     f"({e2e['speedup_vs_eager']:.2f}x)" + (f", torch.compile {e2e['compiled_ms']:.4f} ms "
+                     f"({e2e['speedup_vs_compiled']:.2f}x)" if e2e.get("compiled_ms") else ""))
+    elif not s["gpu"]:
+        lines.append("No GPU: speed not measured; per-group times are roofline estimates.")
+    return "\n".join(lines)

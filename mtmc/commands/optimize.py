@@ -1,0 +1,67 @@
+"""`mtmc optimize MODEL.py --out NEW.py`: a faster drop-in ModelNew for an uploaded module."""
+from __future__ import annotations
+
+import json
+import sys
+
+from mtmc.agents.context import Context
+from mtmc.agents.module_flow import optimize_module
+from mtmc.agents.runner import print_event
+from mtmc.tools.hardware import resolve
+
+
+def print_module_event(ev: dict, out) -> None:
+    """Module-level events in words; the per-group loop's events as `generate` prints them."""
+    kind = ev.get("event")
+    if kind == "captured":
+        for p in ev["problems"]:
+            what = f"submodule {p['path']}" if p["path"] else "Model.forward"
+            print(f"could not capture {what}: {p['reason']}" + (f" (at {p['where']})" if p["where"] else ""), file=out)
+    elif kind == "partitioned":
+        print(f"{len(ev['groups'])} fusion group(s):", file=out)
+        for g in ev["groups"]:
+            print(f"  group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}", file=out)
+        for t in ev["torch_ops"]:
+            print(f"  stays PyTorch: {t['op']}: {t['why']}", file=out)
+    elif kind == "group_start":
+        print(f"== group {ev['group']}: {ev['description']}", file=out)
+    elif kind == "group_done":
+        print(f"== group {ev['group']}: {ev['status']} ({ev['reason']})", file=out)
+    elif kind == "group_fallback":
+        print(f"== group {ev['group']} falls back to PyTorch: {ev['reason']}", file=out)
+    elif kind == "module_check":
+        print(f"[module check] {ev['status']}: {ev['reason']}", file=out)
+    elif kind == "module_time":
+        print(f"[module time] ours {ev.get('ours_ms')} ms, eager {ev.get('eager_ms')} ms, "
+              f"torch.compile {ev.get('compiled_ms')} ms", file=out)
+    elif kind in ("rejected", "final"):
+        print(ev["message"], file=out)
+    elif "group" in ev and kind != "final":
+        print_event(ev, out)
+    out.flush()
+
+
+def cmd_optimize(args) -> int:
+    try:
+        resolve(args.target)
+    except ValueError as exc:
+        print(f"mtmc: {exc}", file=sys.stderr)
+        return 2
+    ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout)
+    log = sys.stderr if args.json else sys.stdout
+    summary = optimize_module(args.model, ctx, args.out, args.report, on_event=lambda ev: print_module_event(ev, log))
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "report"}, indent=2, default=str))
+    return {"done": 0, "rejected": 2}.get(summary["status"], 1)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("optimize", help="write a faster drop-in ModelNew for a PyTorch module file")
+    p.add_argument("model", help="a file with class Model(nn.Module), get_inputs() and get_init_inputs()")
+    p.add_argument("--out", required=True, help="path of the file to write (the original plus ModelNew)")
+    p.add_argument("--report", help="also write the markdown report here")
+    p.add_argument("--target", default="auto", help="GPU profile: h200, h100, a100, v100 (default: the present GPU, else h200)")
+    p.add_argument("--max-steps", type=int, default=8, help="planner moves per fusion group after its first draft")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds for one verification or module check")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.set_defaults(func=cmd_optimize)

@@ -1,0 +1,434 @@
+"""What each node of a captured graph computes, in the op catalog's terms.
+
+Reads one graph of kernels.capture's result (plain JSON) and classifies its nodes: *pointwise*
+(a unary step of the pointwise vocabulary, or a binary op of two values), *anchors* a kernel is
+built around (matmul / linear / bmm, reductions, softmax, layer and RMS norms), or neither.
+Near misses (a softmax over a middle dim, dropout in training mode, an in-place op on a shared
+tensor) raise Reject with the reason, which the report repeats.  Function targets are matched
+by torch.fx's qualified names of the real torch functions, so torch versions agree.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mtmc.kernels.fxjson import arg_nodes, decode_arg, target_name
+from mtmc.kernels.spec import DTYPES
+
+
+# -- reading the captured graph ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeRef:
+    """An argument that is another node's value."""
+    name: str
+
+
+class _Refs(dict):
+    def __missing__(self, name):
+        return NodeRef(name)
+
+
+class Graph:
+    """Read-only view of one captured graph: nodes in order, users, values, modules."""
+
+    def __init__(self, desc: dict):
+        self.path = desc.get("path", "")
+        self.nodes = desc["nodes"]
+        self.by_name = {n["name"]: n for n in self.nodes}
+        self.order = {n["name"]: i for i, n in enumerate(self.nodes)}
+        self.modules = desc.get("modules", {})
+        self.line_of = desc.get("line_of", {})
+        self.users: dict[str, list[str]] = {n["name"]: [] for n in self.nodes}
+        for n in self.nodes:
+            for used in dict.fromkeys(arg_nodes(n["args"]) + arg_nodes(n["kwargs"])):
+                self.users[used].append(n["name"])
+
+    def args(self, name: str) -> tuple[tuple, dict]:
+        n = self.by_name[name]
+        return tuple(decode_arg(n["args"], _Refs())), decode_arg(n["kwargs"], _Refs())
+
+    def tensor(self, ref) -> tuple[list[int], str] | None:
+        """(shape, dtype) when `ref` (a NodeRef or a name) produced a tensor."""
+        name = ref.name if isinstance(ref, NodeRef) else ref
+        v = self.by_name[name]["value"] if name in self.by_name else None
+        if isinstance(v, dict) and "tensor" in v:
+            return list(v["tensor"]["shape"]), v["tensor"]["dtype"]
+        return None
+
+    def number(self, ref) -> float | None:
+        """The Python number a scalar argument is (a literal, or a node that computed one)."""
+        if isinstance(ref, bool):
+            return None
+        if isinstance(ref, (int, float)):
+            return float(ref)
+        if isinstance(ref, NodeRef):
+            v = self.by_name[ref.name]["value"]
+            if isinstance(v, dict) and "value" in v:
+                x = decode_arg(v["value"], {})
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    return float(x)
+        return None
+
+    def words(self, name: str) -> str:
+        """A node in words for reports: what it calls, and its line in the user's file."""
+        n = self.by_name[name]
+        what = n["target"]
+        if n["op"] == "call_module":
+            what = f"{self.modules.get(n['target'], {}).get('type', '').rsplit('.', 1)[-1]} {n['target']}"
+        elif n["op"] == "call_method":
+            what = f".{n['target']}()"
+        elif n["op"] == "call_function":
+            what = n["target"].removeprefix("torch.nn.functional.").removeprefix("torch._C._nn.")
+            what = what.removeprefix("_operator.").removeprefix("torch.")
+        line = self.line_of.get(name)
+        return f"{what} (line {line})" if line else what
+
+
+# -- what each node computes ----------------------------------------------------------------
+
+def q(fn) -> str:
+    return target_name(fn)
+
+
+def _cls(c) -> str:
+    return f"{c.__module__}.{c.__qualname__}"
+
+
+UNARY_FUNCTIONS = {q(f): op for f, op in [
+    (torch.relu, "relu"), (F.relu, "relu"), (torch.sigmoid, "sigmoid"), (F.sigmoid, "sigmoid"),
+    (torch.tanh, "tanh"), (F.tanh, "tanh"), (torch.exp, "exp"), (torch.abs, "abs"), (torch.neg, "neg"),
+    (operator.neg, "neg"), (torch.square, "square"), (F.silu, "silu"), (F.gelu, "gelu"),
+    (F.leaky_relu, "leaky_relu"), (torch.clamp, "clamp"), (torch.clip, "clamp"), (F.relu6, "relu6"),
+    (F.hardtanh, "hardtanh"), (F.dropout, "dropout"), (torch.pow, "pow"), (operator.pow, "pow"),
+    (operator.abs, "abs"), (torch.clamp_min, "clamp_min"), (torch.clamp_max, "clamp_max"),
+]}
+UNARY_METHODS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "abs": "abs",
+                 "neg": "neg", "square": "square", "clamp": "clamp", "clip": "clamp", "pow": "pow",
+                 "clamp_min": "clamp_min", "clamp_max": "clamp_max", "contiguous": "identity",
+                 "clone": "identity", "float": "cast", "half": "cast", "bfloat16": "cast", "to": "cast",
+                 "type_as": "cast"}
+UNARY_MODULES = {_cls(c): op for c, op in [
+    (nn.ReLU, "relu"), (nn.GELU, "gelu"), (nn.SiLU, "silu"), (nn.Sigmoid, "sigmoid"), (nn.Tanh, "tanh"),
+    (nn.LeakyReLU, "leaky_relu"), (nn.ReLU6, "relu6"), (nn.Hardtanh, "hardtanh"), (nn.Identity, "identity"),
+    (nn.Dropout, "dropout"),
+]}
+BINARY_FUNCTIONS = {q(f): op for f, op in [
+    (operator.add, "add"), (torch.add, "add"), (operator.sub, "sub"), (torch.sub, "sub"),
+    (operator.mul, "mul"), (torch.mul, "mul"), (operator.truediv, "div"), (torch.div, "div"),
+    (torch.maximum, "maximum"), (torch.minimum, "minimum"),
+]}
+BINARY_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "truediv": "div",
+                  "maximum": "maximum", "minimum": "minimum"}
+MATMUL_FUNCTIONS = {q(f) for f in (torch.matmul, operator.matmul, torch.mm, torch.bmm)}
+LINEAR_FUNCTION = q(F.linear)
+REDUCE_FUNCTIONS = {q(f): op for f, op in [
+    (torch.sum, "sum"), (torch.mean, "mean"), (torch.amax, "max"), (torch.amin, "min"), (torch.max, "max"),
+    (torch.min, "min"), (torch.argmax, "argmax"), (torch.argmin, "argmin")]}
+REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
+                  "argmax": "argmax", "argmin": "argmin"}
+SOFTMAX_FUNCTIONS = {q(F.softmax): "softmax", q(torch.softmax): "softmax",
+                     q(F.log_softmax): "log_softmax", q(torch.log_softmax): "log_softmax"}
+SOFTMAX_MODULES = {_cls(nn.Softmax): "softmax", _cls(nn.LogSoftmax): "log_softmax"}
+LAYERNORM, RMSNORM = q(F.layer_norm), q(F.rms_norm) if hasattr(F, "rms_norm") else None
+NORM_MODULES = {_cls(nn.LayerNorm): "layernorm"}
+if hasattr(nn, "RMSNorm"):
+    NORM_MODULES[_cls(nn.RMSNorm)] = "rmsnorm"
+TRANSPOSES = {q(torch.transpose), q(torch.t)}
+RSQRT, SQRT = {q(torch.rsqrt)}, {q(torch.sqrt), q(math.sqrt)}
+
+
+@dataclass
+class Pointwise:
+    """A node that is elementwise on its input(s).  unary: `steps` apply to `inputs[0]`
+    (empty steps: a no-op such as contiguous or dropout(p=0)); binary: `binop` of inputs[0],
+    inputs[1] (NodeRefs or numbers)."""
+    inputs: list
+    steps: list[dict] = field(default_factory=list)
+    binop: str | None = None
+
+
+@dataclass
+class Anchor:
+    """A node a group is built around (matmul, reduction, softmax, norm)."""
+    family: str
+    op: str
+    x: NodeRef                      # main input (matmul: a)
+    params: dict = field(default_factory=dict)
+    b: object = None                # matmul: NodeRef or {"attr": path}
+    b_nk: bool = False
+    bias: object = None             # linear bias (NodeRef or {"attr": path})
+    vectors: list = field(default_factory=list)   # norm weight (and bias), as refs
+    covers: list[str] = field(default_factory=list)  # more nodes the op spans
+    out: str = ""                   # the node holding the op's result
+    replaces: list[str] = field(default_factory=list)  # nodes whose uses get the result
+    dim: int | None = None          # reductions: the reduced dim (None: all)
+    keepdim: bool = False
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default=None):
+    if name in kwargs:
+        return kwargs[name]
+    return args[i] if len(args) > i else default
+
+
+class Reject(Exception):
+    """A node the catalog could serve in kind, but not in this form; the message says why."""
+
+
+class Classifier:
+    def __init__(self, g: Graph):
+        self.g = g
+
+    def __call__(self, name: str):
+        """Pointwise, Anchor, or None; raises Reject with a reason for near misses."""
+        n = self.g.by_name[name]
+        if n["op"] not in ("call_function", "call_method", "call_module"):
+            return None
+        if self.g.tensor(name) is None and "seq" not in n["value"]:  # (values, indices) of max(x, dim)
+            return None
+        args, kwargs = self.g.args(name)
+        if n["op"] == "call_module":
+            return self._module(name, n["target"], args, kwargs)
+        fn = n["target"] if n["op"] == "call_function" else None
+        method = n["target"] if n["op"] == "call_method" else None
+        inplace = bool(method and method.endswith("_") and method[:-1] in {**UNARY_METHODS, **BINARY_METHODS})
+        if inplace:
+            method = method[:-1]
+        if inplace or kwargs.get("inplace"):
+            self._check_inplace(args[0])
+        if fn in UNARY_FUNCTIONS or method in UNARY_METHODS:
+            return self._unary(UNARY_FUNCTIONS.get(fn) or UNARY_METHODS[method], name, args, kwargs)
+        if fn in BINARY_FUNCTIONS or method in BINARY_METHODS:
+            if kwargs.get("alpha", 1) != 1 or kwargs.get("rounding_mode") or kwargs.get("out") is not None:
+                raise Reject("alpha, rounding_mode or out= arguments are not fused")
+            return Pointwise(list(args[:2]), binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
+        if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
+            return self._matmul(name, args[0], args[1])
+        if fn == LINEAR_FUNCTION:
+            return self._linear(name, args[0], _arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias"))
+        if fn in REDUCE_FUNCTIONS or method in REDUCE_METHODS:
+            return self._reduce(name, REDUCE_FUNCTIONS.get(fn) or REDUCE_METHODS[method], args, kwargs)
+        if fn in SOFTMAX_FUNCTIONS or method in ("softmax", "log_softmax"):
+            op = SOFTMAX_FUNCTIONS.get(fn) or method
+            if _arg(args, kwargs, 3 if fn == q(F.softmax) or fn == q(F.log_softmax) else 2, "dtype") is not None:
+                raise Reject(f"{op} with a dtype= cast is not fused")
+            return self._softmax(name, op, args[0], _arg(args, kwargs, 1, "dim"))
+        if fn == LAYERNORM:
+            return self._norm(name, "layernorm", args[0], _arg(args, kwargs, 1, "normalized_shape"),
+                              _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias"),
+                              _arg(args, kwargs, 4, "eps", 1e-5))
+        if RMSNORM and fn == RMSNORM:
+            return self._norm(name, "rmsnorm", args[0], _arg(args, kwargs, 1, "normalized_shape"),
+                              _arg(args, kwargs, 2, "weight"), None, _arg(args, kwargs, 3, "eps"))
+        return None
+
+    # -- pointwise --
+    def _check_inplace(self, x) -> None:
+        if isinstance(x, NodeRef) and len(self.g.users[x.name]) > 1:
+            raise Reject("in-place op on a tensor that is used elsewhere")
+
+    def _unary(self, op: str, name: str, args: tuple, kwargs: dict) -> Pointwise:
+        x = args[0]
+        if op == "gelu":
+            approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+            return Pointwise([x], [{"op": "gelu_tanh" if approx == "tanh" else "gelu"}])
+        if op == "leaky_relu":
+            return Pointwise([x], [{"op": "leaky_relu", "value": float(_arg(args, kwargs, 1, "negative_slope", 0.01))}])
+        if op in ("clamp", "clamp_min", "clamp_max", "relu6", "hardtanh"):
+            if op == "relu6":
+                lo, hi = 0.0, 6.0
+            elif op == "hardtanh":
+                lo, hi = _arg(args, kwargs, 1, "min_val", -1.0), _arg(args, kwargs, 2, "max_val", 1.0)
+            elif op == "clamp_min":
+                lo, hi = _arg(args, kwargs, 1, "min"), None
+            elif op == "clamp_max":
+                lo, hi = None, _arg(args, kwargs, 1, "max")
+            else:
+                lo, hi = _arg(args, kwargs, 1, "min"), _arg(args, kwargs, 2, "max")
+            if any(v is not None and not isinstance(v, (int, float)) for v in (lo, hi)):
+                raise Reject("clamp bounds that are tensors are not fused")
+            steps = ([{"op": "clamp_min", "value": float(lo)}] if lo is not None else []) + \
+                    ([{"op": "clamp_max", "value": float(hi)}] if hi is not None else [])
+            return Pointwise([x], steps)
+        if op == "pow":
+            if self.g.number(args[1]) != 2.0 or not isinstance(args[1], (int, float)):
+                raise Reject("only the power 2 is fused")
+            return Pointwise([x], [{"op": "square"}])
+        if op == "dropout":
+            p, training = _arg(args, kwargs, 1, "p", 0.5), _arg(args, kwargs, 2, "training", True)
+            if p and training:
+                raise Reject("dropout in training mode is random; it stays PyTorch")
+            return Pointwise([x])
+        if op == "cast":
+            shape_dtype = self.g.tensor(name)
+            if not isinstance(x, NodeRef) or self.g.tensor(x) != shape_dtype:
+                raise Reject("dtype casts are not fused")
+            return Pointwise([x])
+        if op == "identity":
+            return Pointwise([x])
+        return Pointwise([x], [{"op": op}])
+
+    def _module(self, name: str, target: str, args: tuple, kwargs: dict):
+        info = self.g.modules.get(target, {})
+        kind, attrs, params = info.get("type", ""), info.get("attrs", {}), info.get("params", {})
+        x = args[0] if args else None
+        if attrs.get("inplace"):
+            self._check_inplace(x)
+        if kind == _cls(nn.Linear):
+            bias = {"attr": f"{target}.bias"} if "bias" in params else None
+            return self._linear(name, x, {"attr": f"{target}.weight"}, bias,
+                                weight_shape=params["weight"]["shape"])
+        if kind in SOFTMAX_MODULES:
+            return self._softmax(name, SOFTMAX_MODULES[kind], x, attrs.get("dim"))
+        if kind in NORM_MODULES:
+            op = NORM_MODULES[kind]
+            affine = attrs.get("elementwise_affine", True)
+            weight = {"attr": f"{target}.weight"} if affine and "weight" in params else None
+            bias = {"attr": f"{target}.bias"} if affine and "bias" in params else None
+            if op == "layernorm" and affine and (weight is None) != (bias is None):
+                raise Reject("LayerNorm with a weight but no bias is not in the catalog")
+            return self._norm(name, op, x, attrs.get("normalized_shape"), weight, bias, attrs.get("eps"))
+        if kind in UNARY_MODULES:
+            op = UNARY_MODULES[kind]
+            if op == "gelu":
+                return Pointwise([x], [{"op": "gelu_tanh" if attrs.get("approximate") == "tanh" else "gelu"}])
+            if op == "leaky_relu":
+                return Pointwise([x], [{"op": "leaky_relu", "value": float(attrs.get("negative_slope", 0.01))}])
+            if op == "relu6":
+                return Pointwise([x], [{"op": "clamp_min", "value": 0.0}, {"op": "clamp_max", "value": 6.0}])
+            if op == "hardtanh":
+                return Pointwise([x], [{"op": "clamp_min", "value": float(attrs.get("min_val", -1.0))},
+                                       {"op": "clamp_max", "value": float(attrs.get("max_val", 1.0))}])
+            if op == "dropout":
+                if attrs.get("p") and attrs.get("training", True):
+                    raise Reject("dropout in training mode is random; it stays PyTorch")
+                return Pointwise([x])
+            if op == "identity":
+                return Pointwise([x])
+            return Pointwise([x], [{"op": op}])
+        return None
+
+    # -- anchors --
+    def _float_tensor(self, ref, what: str) -> tuple[list[int], str]:
+        t = self.g.tensor(ref) if isinstance(ref, NodeRef) else None
+        if t is None:
+            raise Reject(f"{what} is not a tensor")
+        if t[1] not in DTYPES:
+            raise Reject(f"{what} is {t[1]}; kernels take {', '.join(DTYPES)}")
+        return t
+
+    def _transposed(self, ref) -> NodeRef | None:
+        """X when `ref` is X with its last two dims swapped (X.transpose(-2, -1), X.t(), X.mT)."""
+        if not isinstance(ref, NodeRef):
+            return None
+        n = self.g.by_name[ref.name]
+        args, kwargs = self.g.args(ref.name)
+        src = args[0] if args else None
+        t = self.g.tensor(src) if isinstance(src, NodeRef) else None
+        if t is None:
+            return None
+        nd = len(t[0])
+        if (n["op"] == "call_method" and n["target"] == "transpose") or (
+                n["op"] == "call_function" and n["target"] == q(torch.transpose)):
+            dims = {d % nd for d in args[1:3]} if len(args) >= 3 and all(isinstance(d, int) for d in args[1:3]) else set()
+            return src if nd >= 2 and dims == {nd - 2, nd - 1} else None
+        if (n["op"] == "call_method" and n["target"] == "t") or (n["op"] == "call_function" and n["target"] == q(torch.t)):
+            return src if nd == 2 else None
+        if n["op"] == "call_function" and n["target"] == "getattr" and len(args) == 2 and args[1] in ("T", "mT"):
+            return src if nd == 2 or args[1] == "mT" else None
+        return None
+
+    def _matmul(self, name: str, a, b) -> Anchor:
+        (sa, da), (sb, db) = self._float_tensor(a, "the left operand"), self._float_tensor(b, "the right operand")
+        if da != db:
+            raise Reject(f"mixed dtypes {da} and {db}")
+        if len(sa) < 2 or len(sb) < 2:
+            raise Reject("matrix-vector products are not fused")
+        src = self._transposed(b)
+        covers = [b.name] if src is not None and self.g.users[b.name] == [name] else []
+        if len(sb) == 2:
+            anchor = Anchor("matmul", "matmul", a, b=src or b, b_nk=src is not None, covers=covers)
+        elif len(sa) == len(sb) and sa[:-2] == sb[:-2]:
+            anchor = Anchor("matmul", "bmm", a, b=src or b, b_nk=src is not None, covers=covers)
+        else:
+            raise Reject("broadcast batch dims in a matmul are not fused")
+        return anchor
+
+    def _linear(self, name: str, x, weight, bias, weight_shape=None) -> Anchor:
+        sx, dx = self._float_tensor(x, "the input")
+        if isinstance(weight, NodeRef):
+            weight_shape, dw = self._float_tensor(weight, "the weight")
+            if dw != dx:
+                raise Reject(f"mixed dtypes {dx} and {dw}")
+        if weight_shape is None or len(weight_shape) != 2:
+            raise Reject("the weight is not a matrix")
+        if len(sx) < 1:
+            raise Reject("linear of a scalar")
+        return Anchor("matmul", "matmul", x, b=weight, b_nk=True, bias=bias)
+
+    def _reduce(self, name: str, op: str, args: tuple, kwargs: dict) -> Anchor:
+        x = args[0]
+        if op in ("max", "min") and len(args) > 1 and isinstance(args[1], NodeRef):
+            if self.g.tensor(args[1]) is not None:  # torch.max(a, b): elementwise
+                return Pointwise([x, args[1]], binop="maximum" if op == "max" else "minimum")
+        shape, _ = self._float_tensor(x, "the input")
+        if kwargs.get("dtype") is not None:
+            raise Reject(f"{op} with a dtype= cast is not fused")
+        dim = _arg(args, kwargs, 1, "dim")
+        keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
+        if isinstance(dim, (tuple, list)):
+            if len(dim) != 1:
+                raise Reject(f"{op} over several dims is not fused")
+            dim = dim[0]
+        if dim is not None and not isinstance(dim, int):
+            raise Reject(f"{op} over a computed dim is not fused")
+        if not shape or math.prod(shape) == 0:
+            raise Reject(f"{op} of an empty or 0-d tensor")
+        anchor = Anchor("reduction", op, x, dim=None if dim is None else dim % len(shape), keepdim=keepdim,
+                        out=name, replaces=[name])
+        value = self.g.by_name[name]["value"]
+        if "seq" in value:  # max/min with a dim: (values, indices)
+            users = self.g.users[name]
+            values, indices, unused = [], [], []
+            for u in users:
+                if not self.g.users[u]:  # `values, _ = torch.max(x, dim)`: a getter nobody reads
+                    unused.append(u)
+                    continue
+                uargs, _ = self.g.args(u)
+                n = self.g.by_name[u]
+                which = uargs[1] if n["op"] == "call_function" and n["target"] in (q(operator.getitem), "getattr") else None
+                (values if which in (0, "values") else indices if which in (1, "indices") else [None]).append(u)
+            if None in values or None in indices or (values and indices) or not (values or indices):
+                raise Reject(f"{op} whose values and indices are both used")
+            if indices:
+                anchor.op = "argmax" if op == "max" else "argmin"
+            anchor.covers, anchor.replaces = values + indices + unused, values + indices
+            anchor.out = (values + indices)[-1]
+        return anchor
+
+    def _softmax(self, name: str, op: str, x, dim) -> Anchor:
+        shape, _ = self._float_tensor(x, "the input")
+        if dim is None or not isinstance(dim, int) or dim % len(shape) != len(shape) - 1:
+            raise Reject(f"{op} over dim {dim}, not the last dim")
+        return Anchor("softmax", op, x, out=name, replaces=[name])
+
+    def _norm(self, name: str, op: str, x, normalized_shape, weight, bias, eps) -> Anchor:
+        shape, dtype = self._float_tensor(x, "the input")
+        ns = list(normalized_shape) if isinstance(normalized_shape, (list, tuple)) else [normalized_shape]
+        if len(ns) != 1 or ns[0] != shape[-1]:
+            raise Reject(f"{op} over the last {len(ns)} dims; kernels normalize the last dim only")
+        if op == "layernorm" and (weight is None) != (bias is None):
+            raise Reject("layer_norm with a weight but no bias is not in the catalog")
+        if eps is None:
+            eps = torch.finfo(getattr(torch, dtype)).eps
+        if not isinstance(eps, (int, float)):
+            raise Reject("eps is not a number")
+        vectors = [v for v in (weight, bias) if v is not None]
+        return Anchor("norm", op, x, params={"eps": float(eps), "affine": bool(vectors)}, vectors=vectors,
+                      out=name, replaces=[name])
