@@ -113,8 +113,20 @@ def do_ping(job: dict) -> dict:
     return {"pid": os.getpid(), "python": sys.version.split()[0]}
 
 
+def _module_job(module: str, name: str):
+    """A handler of a whole-module job (capture, module_check, module_time), imported only when
+    such a job runs."""
+    def handler(job: dict) -> dict:
+        import importlib
+        return getattr(importlib.import_module(module), name)(job)
+    return handler
+
+
 HANDLERS = {"compile": do_compile, "check": do_check, "time": lambda job: do_time(job, job.get("dims")),
-            "verify": do_verify, "ping": do_ping}
+            "verify": do_verify, "ping": do_ping,
+            "capture": _module_job("mtmc.kernels.capture", "capture_job"),
+            "module_check": _module_job("mtmc.tools.module_check", "check_job"),
+            "module_time": _module_job("mtmc.tools.module_time", "time_job")}
 
 
 def error_result(kind, e: BaseException) -> dict:
