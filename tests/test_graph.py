@@ -70,8 +70,9 @@ def test_kernel_file_fails_when_the_kernel_is_wrong(tmp_path):
     state, _ = _run("row sum of a 64x500 fp32 tensor", out_path=str(out), max_steps=0)
     src = out.read_text()
     # Sabotage the launch: it now writes nothing, so the NaN-poisoned output must fail.
-    broken = src.replace("def launch(", "def launch_original(", 1) + "\n\ndef launch(*inputs, out):\n    pass\n"
-    out.write_text(broken.replace('if __name__ == "__main__":', 'if __name__ == "__main__":  # sabotaged'))
+    marker = "# ---- PyTorch reference"
+    assert marker in src
+    out.write_text(src.replace(marker, "def launch(*inputs, out):\n    pass\n\n\n" + marker, 1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode != 0 and "FAIL" in proc.stdout
