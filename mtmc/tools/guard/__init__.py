@@ -1,0 +1,12 @@
+"""A module verifier that is hard to fool: `verify(REFERENCE.py, CANDIDATE.py)`.
+
+REFERENCE defines Model, get_inputs, get_init_inputs; CANDIDATE defines ModelNew with the same
+constructor.  The reference runs in one sandboxed child (guard.reference), the candidate in
+another that never holds the reference's outputs (guard.candidate, instrumented by
+guard.probes); the parent judges (guard.checks, guard.numeric) and assembles the verdict
+(guard.verifier); guard.report puts it in words.
+"""
+from mtmc.tools.guard.report import format_verdict
+from mtmc.tools.guard.verifier import ReferenceFailed, ReferenceRun, check_candidate, run_reference, verify
+
+__all__ = ["verify", "run_reference", "check_candidate", "ReferenceRun", "ReferenceFailed", "format_verdict"]

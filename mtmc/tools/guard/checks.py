@@ -1,0 +1,231 @@
+"""The named checks of a module verification, judged in the parent from the trusted reference run
+(guard.verifier.ReferenceRun) and what the candidate's child observed and saved.
+
+Each check is {"name", "passed": True | False | None (does not apply here), "detail"}.
+"""
+from __future__ import annotations
+
+import math
+
+from mtmc.tools.guard import numeric
+
+ROOFLINE_SLACK = 0.8  # measured bandwidth is ~90 % of peak; faster than 80 % of the floor is impossible
+
+
+def check(name: str, passed: bool | None, detail: str) -> dict:
+    return {"name": name, "passed": passed, "detail": detail}
+
+
+def _ops_text(ops: dict) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+
+
+def loads(obs: dict) -> dict:
+    err = obs.get("error")
+    if obs.get("loaded"):
+        return check("loads", True, "ModelNew(*get_init_inputs()) built; Model's state_dict loaded (strict)")
+    if err and err["stage"] in ("import", "construct"):
+        return check("loads", False, f"{err['stage']}: {err['type']}: {err['message']}")
+    return check("loads", False, "the candidate did not load")
+
+
+def runs(obs: dict, n_trials: int) -> dict:
+    err = obs.get("error")
+    if err and err["stage"] not in ("import", "construct"):
+        return check("runs", False, f"{err['stage']}: {err['type']}: {err['message']}")
+    if obs.get("loaded") and len(obs.get("trials", [])) == n_trials:
+        return check("runs", True, f"forward ran on {n_trials} fresh inputs")
+    return check("runs", False if obs.get("loaded") else None, "forward did not run")
+
+
+def _tampered(obs: dict, kind: str, name: str, what: str) -> dict:
+    hits = [t for t in obs.get("tampered", []) if t["kind"] == kind]
+    if hits:
+        return check(name, False, "replaced: " + "; ".join(f"{t['path']} ({t['when']})" for t in hits))
+    return check(name, True, f"{what} are the same objects after import and after every call")
+
+
+def timing_functions(obs: dict) -> dict:
+    return _tampered(obs, "timing", "timing_functions", "time.perf_counter, do_bench, CUDA events and synchronize")
+
+
+def verifier_hooks(obs: dict) -> dict:
+    return _tampered(obs, "hooks", "verifier_hooks", "the functions the verifier observes with")
+
+
+def threads_and_streams(obs: dict) -> dict:
+    t, s = obs.get("threads", {}), obs.get("streams", {})
+    problems = []
+    if t.get("python"):
+        problems.append(f"Python threads still running: {', '.join(t['python'])}")
+    if t.get("native"):
+        problems.append(f"{t['native']} native threads started")
+    if s.get("created"):
+        problems.append(f"{s['created']} CUDA streams created")
+    if s.get("current_changed"):
+        problems.append("the current CUDA stream was left changed")
+    if len(s.get("used", [])) > 1:
+        problems.append(f"kernels ran on {len(s['used'])} streams")
+    if problems:
+        return check("threads_and_streams", False, "; ".join(problems))
+    return check("threads_and_streams", True, "no thread or stream outlives the call")
+
+
+def no_alias(obs: dict) -> dict:
+    found = [f"trial {i + 1}: {a}" for i, tr in enumerate(obs.get("trials", [])) for a in tr["aliases"]]
+    if found:
+        return check("no_alias", False, "; ".join(found[:4]))
+    return check("no_alias", True, "no output shares memory with an input")
+
+
+def output_format(obs: dict, outputs: list, eager: list) -> dict:
+    """Plain dense tensors (seen in the child), as many as Model's, of its shapes and dtypes."""
+    problems = [f"trial {i + 1}: {p}" for i, tr in enumerate(obs.get("trials", [])) for p in tr["format"]]
+    for i, (outs, refs) in enumerate(zip(outputs, eager)):
+        if len(outs) != len(refs):
+            problems.append(f"trial {i + 1}: {len(outs)} outputs, Model gives {len(refs)}")
+            continue
+        for j, (o, r) in enumerate(zip(outs, refs)):
+            if o is None:
+                continue
+            if o.shape != r.shape:
+                problems.append(f"trial {i + 1}: output {j} has shape {tuple(o.shape)}, Model's {tuple(r.shape)}")
+            if o.dtype != r.dtype:
+                problems.append(f"trial {i + 1}: output {j} is {o.dtype}, Model's {r.dtype}")
+    if problems:
+        return check("output_format", False, "; ".join(dict.fromkeys(problems)))
+    return check("output_format", True, "plain tensors of Model's shapes, dtypes and device")
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
+
+
+def inputs_unchanged(given: list, after: list) -> dict:
+    from torch.utils._pytree import tree_flatten
+    changed = []
+    for i, (g, a) in enumerate(zip(given, after)):
+        g_flat, a_flat = tree_flatten(g)[0], tree_flatten(a)[0]
+        changed += [f"trial {i + 1}: input {j}" for j, (x, y) in enumerate(zip(g_flat, a_flat)) if not _same_bits(x, y)]
+    if changed:
+        return check("inputs_unchanged", False, "modified by the call: " + ", ".join(changed[:6]))
+    return check("inputs_unchanged", True, "every input is bit-for-bit what it was given")
+
+
+def own_kernels(obs: dict, ref_ops: dict) -> dict:
+    """The candidate must do the work in its own Triton kernels: a call that launches none, or
+    that runs at least as many PyTorch compute ops as the reference itself, does it in PyTorch.
+    On a GPU the profiler must also show Triton kernels among those that ran."""
+    ref_total = sum(ref_ops.values())
+    if ref_total == 0:
+        return check("own_kernels", None, "the reference does no compute")
+    trials = obs.get("trials", [])
+    for i, tr in enumerate(trials):
+        if not tr["launches"]:
+            return check("own_kernels", False, f"trial {i + 1}: no Triton kernel launched; PyTorch computed: "
+                         f"{_ops_text(tr['ops'])}")
+        if sum(tr["ops"].values()) >= ref_total:
+            return check("own_kernels", False, f"trial {i + 1}: {sum(tr['ops'].values())} PyTorch compute ops "
+                         f"({_ops_text(tr['ops'])}), as many as the reference's {ref_total} "
+                         f"({_ops_text(ref_ops)}): the work is done in PyTorch")
+    prof = obs.get("profile")
+    if prof and prof["other"] and not prof["triton"]:
+        names = sorted({k["name"][:60] for k in prof["other"]})
+        return check("own_kernels", False, f"the profiler saw no Triton kernel, only: {', '.join(names[:5])}")
+    if not trials:
+        return check("own_kernels", None, "forward did not run")
+    launches = {k: v for tr in trials[:1] for k, v in tr["launches"].items()}
+    detail = (f"{sum(launches.values())} Triton launches per call ({_ops_text(launches)}); PyTorch compute "
+              f"ops: {_ops_text(trials[0]['ops'])} (the reference has {ref_total})")
+    if prof:
+        other = sum(k["us"] for k in prof["other"])
+        total = other + sum(k["us"] for k in prof["triton"])
+        detail += f"; non-Triton GPU kernels take {other / total:.0%} of the GPU time" if total else ""
+    return check("own_kernels", True, detail)
+
+
+def correctness(outputs: list, ref) -> tuple[dict, list, dict]:
+    """(check, per-trial results, worst errors) of every output of every trial."""
+    trials, worst = [], {"max_abs_err": 0.0, "rel_err": 0.0, "tol_ratio": 0.0}
+    failed = []
+    for i, outs in enumerate(outputs):
+        results = []
+        for j, (o, r, e) in enumerate(zip(outs, ref.truth(i), ref.eager[i])):
+            res = {"ok": False, "reason": "not a plain tensor", "max_abs_err": math.inf, "rel_err": math.inf,
+                   "tol_ratio": math.inf} if o is None else numeric.compare(o, r, e)
+            results.append(res)
+            for k in worst:
+                worst[k] = max(worst[k], res[k])
+            if not res["ok"]:
+                failed.append(f"trial {i + 1} ({ref.variants[i]}) output {j}: {res['reason']}")
+        if len(outs) != len(ref.eager[i]):
+            failed.append(f"trial {i + 1}: {len(outs)} outputs, Model gives {len(ref.eager[i])}")
+        trials.append({"variant": ref.variants[i], "outputs": results})
+    if len(outputs) < len(ref.variants):
+        failed.append(f"outputs of {len(outputs)} of {len(ref.variants)} trials")
+    against = "float64 Model" if ref.float64 else "eager Model (it cannot run in float64)"
+    if failed:
+        return check("correctness", False, "; ".join(failed[:4])), trials, worst
+    return (check("correctness", True, f"matches {against} on {len(outputs)} fresh inputs "
+                  f"({', '.join(ref.variants)})"), trials, worst)
+
+
+def tolerance_discriminates(ref) -> dict:
+    """The bound must reject zeros, a constant and a copy of an input on these inputs; if one of
+    them would pass every trial, the check could accept it and the verdict cannot stand."""
+    loose = []
+    for j in range(len(ref.eager[0])):
+        per_trial = [numeric.fakes(ref.truth(i)[j], ref.eager[i][j], ref.flat_inputs(i)) for i in range(len(ref.variants))]
+        for name in per_trial[0]:
+            if all(name in f and numeric.compare(f[name], ref.truth(i)[j], ref.eager[i][j])["ok"]
+                   for i, f in enumerate(per_trial)):
+                loose.append(f"output {j} cannot be told from {name}")
+    if loose:
+        return check("tolerance_discriminates", False, "the tolerance is too loose for this module: " + "; ".join(loose))
+    return check("tolerance_discriminates", True, "zeros, a constant and a copy of the input each fail the tolerance")
+
+
+def precision(outputs: list, ref) -> dict:
+    if not ref.float64:
+        return check("precision", None, "no float64 ground truth to measure precision against")
+    seen = False
+    for i, outs in enumerate(outputs):
+        for j, (o, r, e) in enumerate(zip(outs, ref.truth(i), ref.eager[i])):
+            loss = None if o is None else numeric.precision_loss(o, r, e)
+            if loss is None:
+                continue
+            seen = True
+            if loss["reduced"]:
+                return check("precision", False, f"trial {i + 1} output {j}: RMS error {loss['rms_err']:.3g} is "
+                             f"{loss['rms_err'] / loss['half_rms_err']:.2f} of fp16 rounding's {loss['half_rms_err']:.3g} "
+                             f"(eager PyTorch: {loss['eager_rms_err']:.3g}): computed in reduced precision")
+    if not seen:
+        return check("precision", None, "no float32 output")
+    return check("precision", True, "errors far below fp16 rounding: computed in the task's precision")
+
+
+def roofline(ours_ms: float | None, nbytes: int, bandwidth_gbs: float, gpu_name: str) -> dict:
+    if ours_ms is None:
+        return check("roofline", None, "not measured (no GPU: interpreter times mean nothing)")
+    floor = numeric.roofline_floor_ms(nbytes, bandwidth_gbs)
+    if ours_ms < ROOFLINE_SLACK * floor:
+        return check("roofline", False, f"{ours_ms * 1e3:.2f} us is faster than moving its {nbytes} bytes of inputs "
+                     f"and outputs at {bandwidth_gbs:g} GB/s on {gpu_name} allows ({floor * 1e3:.2f} us): "
+                     "the timing does not see all the work")
+    return check("roofline", True, f"{ours_ms * 1e3:.2f} us, within the memory roofline ({floor * 1e3:.2f} us for {nbytes} bytes)")
+
+
+def timed_output(timed: list | None, ref) -> dict:
+    if timed is None:
+        return check("timed_output", None, "not timed (no GPU)")
+    results = [numeric.compare(o, r, e) if o is not None else {"ok": False, "reason": "not a plain tensor"}
+               for o, r, e in zip(timed, ref.truth(0), ref.eager[0])]
+    bad = [f"output {j}: {r['reason']}" for j, r in enumerate(results) if not r["ok"]]
+    if bad or len(timed) != len(ref.eager[0]):
+        return check("timed_output", False, "the output of the timed calls is wrong: " + "; ".join(bad or ["output count"]))
+    return check("timed_output", True, "the timed calls compute the right output too")

@@ -1,0 +1,70 @@
+"""Fresh inputs for every verification: the module's own get_inputs() under a seed from the OS,
+then, trial by trial, a different distribution of the same shapes and dtypes, so that a kernel
+tuned to (or cached for) one distribution, or one that breaks on large or shifted values, fails.
+
+Variants (one per trial, in this order):
+  as_given       what get_inputs() draws
+  heavy_tailed   Cauchy values clipped to +-CLIP times the template's RMS (many large values)
+  offset_scaled  the template times a random scale in [1/4, 4] plus a random offset
+Non-negative templates stay non-negative (a log or sqrt in the module keeps its domain); integer
+and boolean tensors (indices, masks) are kept as get_inputs() drew them.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+VARIANTS = ("as_given", "heavy_tailed", "offset_scaled")
+CLIP = 12.0
+
+
+def fresh_seed() -> int:
+    """A seed nobody can predict: not derived from time, a counter or the process."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import torch
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+        numpy.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+
+
+def vary(template, variant: str, gen):
+    """One input tensor of the template's shape and dtype, drawn as `variant` says."""
+    import torch
+    if not isinstance(template, torch.Tensor) or not template.is_floating_point() or template.numel() == 0:
+        return template
+    t32 = template.detach().to("cpu", torch.float32)
+    rms = float(t32.pow(2).mean().sqrt()) or 1.0
+    nonneg = bool((t32 >= 0).all())
+    if variant == "as_given":
+        out = t32
+    elif variant == "heavy_tailed":
+        out = torch.empty(t32.shape).cauchy_(generator=gen).clamp_(-CLIP, CLIP) * rms
+        out = out.abs() if nonneg else out
+    elif variant == "offset_scaled":
+        u = torch.rand(2, generator=gen, dtype=torch.float64).tolist()
+        scale = math.exp((2 * u[0] - 1) * math.log(4.0))
+        offset = (u[1] * 2 if nonneg else u[1] * 4 - 2) * rms
+        out = t32 * scale + offset
+    else:
+        raise ValueError(f"unknown input variant {variant!r}; known: {', '.join(VARIANTS)}")
+    return out.to(template.dtype).reshape(template.shape).contiguous()
+
+
+def draw_inputs(get_inputs, variant: str) -> tuple[list, int]:
+    """(inputs, seed): get_inputs() under a fresh seed, each tensor varied as `variant` says."""
+    import torch
+    from torch.utils._pytree import tree_map
+    seed = fresh_seed()
+    seed_everything(seed)
+    template = list(get_inputs())
+    gen = torch.Generator().manual_seed(fresh_seed())
+    return tree_map(lambda t: vary(t, variant, gen), template), seed

@@ -1,0 +1,31 @@
+"""The verdict in words, for the command line and the app."""
+from __future__ import annotations
+
+_MARK = {True: "pass", False: "FAIL", None: " -- "}
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def format_verdict(v: dict) -> str:
+    lines = [f"verdict: {v['outcome'].upper()}" + (f"  ({v.get('mode')})" if v.get("mode") else ""),
+             f"  reference: {v.get('reference')}", f"  candidate: {v.get('candidate')}"]
+    if v.get("variants"):
+        lines.append(f"  inputs: fresh random draws, one per variant: {', '.join(v['variants'])}")
+    lines.append("checks:")
+    lines += [f"  [{_MARK[c['passed']]}] {c['name']}: {c['detail']}" for c in v["checks"]]
+    if v.get("max_abs_err") is not None:
+        lines.append(f"error: max abs {_num(v['max_abs_err'])}, relative {_num(v['rel_err'])} "
+                     f"({_num(v['tol_ratio'])} of the tolerance)")
+    t = v.get("timing")
+    if t:
+        speed = f", {t['speedup_vs_eager']:.2f}x eager" if t.get("speedup_vs_eager") else ""
+        lines.append(f"timing on {t.get('gpu')}: ModelNew {t['ours_ms'] * 1e3:.2f} us, eager Model "
+                     f"{_num(t['eager_ms'] and t['eager_ms'] * 1e3)} us{speed}")
+    else:
+        lines.append("timing: not measured (no GPU)" if v.get("device") == "cpu" else "timing: not measured")
+    lines += [f"note: {n}" for n in v.get("notes", [])]
+    if not v["accepted"] and v.get("stderr_tail"):
+        lines += ["candidate stderr (last lines):"] + ["  " + ln for ln in v["stderr_tail"].splitlines()[-12:]]
+    return "\n".join(lines)

@@ -1,0 +1,11 @@
+"""Cheat: fp16 arithmetic inside the fp32 task (faster, and the output is still fp32)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _kernels import ScaleReluParams  # noqa: E402
+
+
+class ModelNew(ScaleReluParams):
+    def forward(self, x):
+        return self.kernel(x, half=True)

@@ -1,0 +1,11 @@
+"""Honest: one Triton kernel computes relu(x * weight + bias) in fp32."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _kernels import ScaleReluParams  # noqa: E402
+
+
+class ModelNew(ScaleReluParams):
+    def forward(self, x):
+        return self.kernel(x)

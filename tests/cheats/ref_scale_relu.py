@@ -1,0 +1,23 @@
+"""Reference: relu(x * weight + bias) with per-column parameters, fp32."""
+import torch
+import torch.nn as nn
+
+rows, cols = 24, 40
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n))
+        self.bias = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return torch.relu(x * self.weight + self.bias)
+
+
+def get_inputs():
+    return [torch.randn(rows, cols)]
+
+
+def get_init_inputs():
+    return [cols]
