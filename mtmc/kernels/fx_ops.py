@@ -230,8 +230,11 @@ class Classifier:
 
     # -- pointwise --
     def _check_inplace(self, x) -> None:
+        """An in-place op fuses as its out-of-place twin only when nobody can see the difference."""
         if isinstance(x, NodeRef) and len(self.g.users[x.name]) > 1:
             raise Reject("in-place op on a tensor that is used elsewhere")
+        if isinstance(x, NodeRef) and self.g.by_name[x.name]["op"] in ("placeholder", "get_attr"):
+            raise Reject("in-place op on an input or a parameter (the caller sees the change)")
 
     def _unary(self, op: str, name: str, args: tuple, kwargs: dict) -> Pointwise:
         x = args[0]
