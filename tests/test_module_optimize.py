@@ -18,7 +18,7 @@ import torch
 
 from mtmc.agents.context import Context
 from mtmc.agents.module_flow import (
-    Rejected, assemble_checked, capture_in_child, check_syntax, optimize_module,
+    Rejected, assemble_checked, capture_in_child, check_in_child, check_syntax, optimize_module,
 )
 from mtmc.cli import main as cli_main
 from mtmc.kernels.assemble import assemble, prefix_names
@@ -29,6 +29,7 @@ from mtmc.kernels.fxjson import Unreproducible, encode_node, rebuild_graph, reso
 from mtmc.kernels.loader import load_file
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import resolve
+from mtmc.tools.module_check import check_file, compare
 
 MODULES = Path(__file__).parent / "modules"
 BAD = MODULES / "bad"
@@ -358,6 +359,58 @@ def test_a_group_that_breaks_the_module_falls_back(tmp_path):
     assert outcomes[1]["status"] == "fallback" and outcomes[1]["reason"].startswith("breaks the module check")
     assert [e["status"] for e in events if e["event"] == "module_check"] == ["failed", "passed"]
     assert "_mtmc_group_1" not in out.read_text()
+
+
+def test_whole_module_check_too_slow_for_the_interpreter_is_skipped_not_failed(tmp_path):
+    cap = captured("mlp_gelu.py")
+    part = partition(cap)
+    out = tmp_path / "new.py"
+    out.write_text(assemble((MODULES / "mlp_gelu.py").read_text(), cap, part.groups, template_kernels(part.groups)))
+    check = check_in_child(str(out), gpu=False, timeout_s=0.5)
+    assert check["status"] == "skipped" and "Triton's interpreter" in check["reason"]
+
+
+@pytest.mark.slow
+def test_model_random_in_training_mode_is_checked_in_eval_mode(tmp_path):
+    summary = optimize_module(str(BAD / "random_dropout.py"), Context(target="h200", max_steps=0),
+                              str(tmp_path / "new.py"))
+    assert summary["status"] == "done", summary.get("message")
+    assert summary["check"]["status"] == "passed" and "in eval mode" in summary["check"]["reason"]
+    assert [t["why"] for t in summary["torch_ops"]] == ["dropout in training mode is random; it stays PyTorch"]
+    (g,) = summary["groups"]  # relu(dropped) * 2 around the dropout still gets its kernel
+    assert g["status"] == "kernel" and g["ops"][0].startswith("relu")
+
+
+def test_model_random_even_in_eval_mode_is_not_compared(tmp_path):
+    src = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+           "        return torch.relu(x + 0.1 * torch.randn_like(x))\n\n\ndef get_inputs():\n"
+           "    return [torch.randn(4, 8)]\n\n\ndef get_init_inputs():\n    return []\n")
+    path = tmp_path / "noisy.py"
+    path.write_text(src)
+    cap = capture(str(path))
+    part = partition(cap)
+    # the noise is the chain's main input: 0.1 * noise + x, then relu
+    assert [g.spec["params"]["chain"] for g in part.groups] == [
+        [{"op": "scale", "value": 0.1}, {"op": "add"}, {"op": "relu"}]]
+    new = tmp_path / "noisy_new.py"
+    new.write_text(assemble(src, cap, part.groups, template_kernels(part.groups)))
+    result = check_file(str(new))
+    assert result["status"] == "skipped" and "different outputs on the same inputs" in result["reason"]
+
+
+def test_compare_judges_against_float64_with_eager_slack():
+    ref = torch.linspace(-3, 3, 101, dtype=torch.float64)
+    eager = ref.float() + 1e-6
+    assert compare(eager.clone(), eager, ref)["ok"]
+    wrong = eager.clone()
+    wrong[7] += 0.01
+    res = compare(wrong, eager, ref)
+    assert not res["ok"] and res["reason"].startswith("1 of 101 elements outside tolerance")
+    nan = eager.clone()
+    nan[0] = float("nan")
+    assert "NaN" in compare(nan, eager, ref)["reason"]
+    assert not compare(eager.half(), eager, ref)["ok"]  # dtype must match Model's
+    assert "disagrees with its float64 run" in compare(eager, eager + 1.0, ref)["reason"]
 
 
 # -- end to end through the MTMC loop -------------------------------------------------------------
