@@ -1,5 +1,6 @@
-"""Cheat (GPU): remembers the answer per input address, so a benchmark that calls it again
-on the same tensor times a dictionary lookup."""
+"""Cheat (GPU): remembers the answer per input address (and two sampled values, so fresh inputs
+at a reused address still get computed), so a benchmark that calls it again on the same tensor
+times a dictionary lookup."""
 import os
 import sys
 
@@ -10,7 +11,7 @@ from _kernels import ScaleReluParams  # noqa: E402
 class ModelNew(ScaleReluParams):
     def forward(self, x):
         memo = self.__dict__.setdefault('memo', {})
-        key = (x.data_ptr(), tuple(x.shape))
+        key = (x.data_ptr(), tuple(x.shape), float(x[0, 0]), float(x[-1, -1]))
         if key not in memo:
             memo[key] = self.kernel(x)
         return memo[key]

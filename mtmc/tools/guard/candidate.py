@@ -61,16 +61,17 @@ class _Watch:
         self.threads = probes.ThreadWatch()
         self.strict_native = device == "cpu"  # CUDA starts driver threads of its own
 
-    def record(self, when: str) -> None:
+    def record(self, when: str, threads: bool = True) -> None:
         obs = self.obs
         for kind, snap in (("timing", self.timing), ("hooks", self.hooks)):
             for path in snap.changed():
                 if not any(t["path"] == path for t in obs["tampered"]):
                     obs["tampered"].append({"kind": kind, "path": path, "when": when})
-        names = self.threads.new_python()
-        obs["threads"]["python"] = sorted(set(obs["threads"]["python"]) | set(names))
-        if self.strict_native:
-            obs["threads"]["native"] = max(obs["threads"]["native"], self.threads.new_native())
+        if threads:
+            names = self.threads.new_python()
+            obs["threads"]["python"] = sorted(set(obs["threads"]["python"]) | set(names))
+            if self.strict_native:
+                obs["threads"]["native"] = max(obs["threads"]["native"], self.threads.new_native())
         obs["streams"]["created"] = self.streams.created
         obs["streams"]["current_changed"] |= self.streams.current_changed()
 
@@ -120,7 +121,7 @@ def _time_and_profile(new, inputs, device: str, watch: _Watch, obs: dict) -> lis
     obs["profile"] = {"triton": [k for k in kernels if k["name"] in launched],
                       "other": [k for k in kernels if k["name"] not in launched]}
     obs["streams"]["used"] = sorted({str(k["stream"]) for k in kernels if k["stream"] is not None})
-    watch.record("after timing")
+    watch.record("after timing", threads=False)  # the profiler starts threads of its own
     return [_plain_cpu(o) for o in last]
 
 

@@ -1,0 +1,82 @@
+"""One kernel of the catalog as a module pair the guard verifies: the family's PyTorch reference
+as `Model` (inputs drawn as the family draws them) and the kernel source behind `ModelNew`, so a
+single generated kernel goes through the same checks as a whole module.
+
+  reference_source(spec, dims), candidate_source(spec, kernel_source)  -> module text
+  verify_kernel(spec, kernel_source, dims, device)                      -> guard verdict
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from mtmc.kernels.catalog import family_of
+from mtmc.kernels.spec import KernelSpec
+
+_REFERENCE = '''import math
+
+import torch
+import torch.nn as nn
+
+from mtmc.kernels.loader import random_tensor
+
+{reference}
+
+INPUTS = json.loads({inputs!r})  # shape, dtype, init of each input
+
+
+class Model(nn.Module):
+    def forward(self, *inputs):
+        return reference(*inputs)
+
+
+def get_inputs():
+    return [random_tensor(tuple(shape), dtype, init, None) for shape, dtype, init in INPUTS]
+
+
+def get_init_inputs():
+    return []
+'''
+
+_CANDIDATE = '''{kernel}
+
+import torch.nn as _nn
+
+_IN_SHAPES = {in_shapes!r}  # dim names (or sizes) of each input
+_OUT_SHAPE, _OUT_DTYPE = {out_shape!r}, {out_dtype!r}
+
+
+class ModelNew(_nn.Module):
+    def forward(self, *inputs):
+        dims = {{n: s for names, x in zip(_IN_SHAPES, inputs) for n, s in zip(names, x.shape) if isinstance(n, str)}}
+        out = torch.empty([d if isinstance(d, int) else dims[d] for d in _OUT_SHAPE],
+                          dtype=getattr(torch, _OUT_DTYPE), device=inputs[0].device)
+        launch(*inputs, out=out)
+        return out
+'''
+
+
+def reference_source(spec: KernelSpec, dims: dict | None = None) -> str:
+    fam = family_of(spec)
+    dims = dims or spec.dims
+    inputs = [[list(a.concrete_shape(dims)), a.dtype or spec.dtype, a.init] for a in fam.inputs(spec)]
+    return "import json\n" + _REFERENCE.format(reference=fam.reference_source(spec).strip(), inputs=json.dumps(inputs))
+
+
+def candidate_source(spec: KernelSpec, kernel_source: str) -> str:
+    fam = family_of(spec)
+    out = fam.output(spec)
+    return _CANDIDATE.format(kernel=kernel_source.strip(), in_shapes=[list(a.shape) for a in fam.inputs(spec)],
+                             out_shape=list(out.shape), out_dtype=out.dtype or spec.dtype)
+
+
+def verify_kernel(spec: KernelSpec, kernel_source: str, dims: dict | None = None, device: str | None = None,
+                  timeout_s: float | None = None) -> dict:
+    """The guard's verdict on one kernel at `dims` (default: the spec's)."""
+    from mtmc.tools.guard.verifier import DEFAULT_TIMEOUT_S, verify
+    with tempfile.TemporaryDirectory(prefix="mtmc-guard-kernel-") as tmp:
+        ref, cand = Path(tmp) / "reference.py", Path(tmp) / "candidate.py"
+        ref.write_text(reference_source(spec, dims))
+        cand.write_text(candidate_source(spec, kernel_source))
+        return verify(ref, cand, device=device, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)

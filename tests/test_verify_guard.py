@@ -1,0 +1,293 @@
+"""The module verifier (mtmc.tools.guard, `mtmc verify`) against cheating candidates.
+
+Every cheat in tests/cheats/ is named for its trick and must be rejected by the check that
+targets that trick; the honest candidates must be accepted.  On this machine everything runs in
+Triton's interpreter on CPU tensors; the tests marked gpu run the GPU-only checks.
+"""
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtmc.cli import main
+from mtmc.tools.guard import check_candidate, format_verdict, run_reference, verify
+from mtmc.tools.guard import checks as C
+from mtmc.tools.guard import numeric
+from mtmc.tools.guard.draw import VARIANTS, vary
+from mtmc.tools.sandbox import run_job
+
+CHEATS = Path(__file__).parent / "cheats"
+TIMEOUT_S = 150
+
+
+def path(name: str) -> str:
+    return str(CHEATS / f"{name}.py")
+
+
+@pytest.fixture(scope="module")
+def scale_relu():
+    """One trusted reference run shared by the candidates (each still gets its own child)."""
+    return run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S)
+
+
+def failed(verdict: dict) -> dict:
+    return {c["name"]: c["detail"] for c in verdict["checks"] if c["passed"] is False}
+
+
+# cheat -> (the check that must catch it, words its detail must contain)
+CAUGHT_BY = {
+    "cheat_returns_zeros": ("correctness", "outside tolerance"),
+    "cheat_returns_constant": ("correctness", "outside tolerance"),
+    "cheat_copies_input": ("correctness", "outside tolerance"),
+    "cheat_caches_output": ("correctness", "trial 2"),
+    "cheat_replays_seed": ("correctness", "outside tolerance"),
+    "cheat_searches_for_reference": ("correctness", "outside tolerance"),
+    "cheat_first_rows_only": ("correctness", "outside tolerance"),
+    "cheat_returns_input": ("no_alias", "shares memory with input 0"),
+    "cheat_returns_input_view": ("no_alias", "shares memory with input 0"),
+    "cheat_modifies_input": ("inputs_unchanged", "input 0"),
+    "cheat_calls_torch": ("own_kernels", "no Triton kernel launched"),
+    "cheat_dummy_kernel_then_torch": ("own_kernels", "the work is done in PyTorch"),
+    "cheat_tensor_subclass": ("output_format", "LazyResult (a torch.Tensor subclass)"),
+    "cheat_wrong_dtype": ("output_format", "torch.float64, Model's torch.float32"),
+    "cheat_wrong_shape": ("output_format", "shape (1, 24, 40)"),
+    "cheat_patches_do_bench": ("timing_functions", "triton.testing.do_bench (after import)"),
+    "cheat_patches_perf_counter": ("timing_functions", "time.perf_counter (after import)"),
+    "cheat_patches_torch_equal": ("verifier_hooks", "torch.equal"),
+    "cheat_background_thread": ("threads_and_streams", "cheat-worker"),
+    "cheat_fp16_compute": ("precision", "reduced precision"),
+    "cheat_allocates_forever": ("runs", "MemoryError"),
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CAUGHT_BY))
+def test_cheat_is_rejected_for_its_trick(scale_relu, cheat):
+    v = check_candidate(scale_relu, path(cheat), TIMEOUT_S)
+    name, words = CAUGHT_BY[cheat]
+    assert v["outcome"] == "rejected" and not v["accepted"], format_verdict(v)
+    assert name in failed(v), format_verdict(v)
+    assert words in failed(v)[name], format_verdict(v)
+
+
+def test_checks_do_not_blame_what_a_cheat_did_right(scale_relu):
+    """A cheat that only breaks one rule fails that check alone: the checks are specific."""
+    for cheat, only in (("cheat_wrong_dtype", "output_format"), ("cheat_modifies_input", "inputs_unchanged"),
+                        ("cheat_calls_torch", "own_kernels"), ("cheat_patches_do_bench", "timing_functions")):
+        v = check_candidate(scale_relu, path(cheat), TIMEOUT_S)
+        assert set(failed(v)) == {only}, (cheat, failed(v))
+
+
+def test_honest_kernel_is_accepted(scale_relu):
+    v = check_candidate(scale_relu, path("honest_scale_relu"), TIMEOUT_S)
+    assert v["accepted"] and v["outcome"] == "accepted", format_verdict(v)
+    by_name = {c["name"]: c for c in v["checks"]}
+    for name in ("loads", "runs", "timing_functions", "verifier_hooks", "threads_and_streams", "inputs_unchanged",
+                 "no_alias", "output_format", "own_kernels", "correctness", "precision", "tolerance_discriminates"):
+        assert by_name[name]["passed"] is True, by_name[name]
+    assert by_name["roofline"]["passed"] is None  # no GPU here: not measured, not guessed
+    assert [t["variant"] for t in v["trials"]] == list(VARIANTS)
+    assert 0 <= v["max_abs_err"] < 1e-4 and v["tol_ratio"] < 1
+    assert "_scale_relu_kernel x1" in by_name["own_kernels"]["detail"]
+
+
+def test_honest_kernel_from_mtmc_codegen_is_accepted():
+    v = verify(path("ref_softmax"), path("honest_softmax"), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)
+    assert "softmax_kernel" in next(c for c in v["checks"] if c["name"] == "own_kernels")["detail"]
+
+
+def test_reference_outputs_never_reach_the_candidate(scale_relu):
+    """The candidate's child searches its memory and the verifier's temporary files and finds
+    nothing: the reference ran elsewhere and its files were deleted before the candidate started."""
+    leftovers = list(Path(tempfile.gettempdir()).glob("mtmc-guard-ref-*"))
+    assert not leftovers
+    v = check_candidate(scale_relu, path("cheat_searches_for_reference"), TIMEOUT_S)
+    assert "reference output found: False" in v["stderr_tail"]
+    assert "reference output found: True" not in v["stderr_tail"]
+
+
+def test_hang_is_contained_as_timed_out(scale_relu):
+    v = check_candidate(scale_relu, path("cheat_hangs"), 45)
+    assert v["outcome"] == "timed out" and not v["accepted"]
+    assert "no result within 45 s" in failed(v)["runs"]
+    assert run_job({"kind": "ping"}, timeout_s=60)["status"] == "ok"  # the caller keeps serving
+
+
+@pytest.mark.parametrize("cheat,signal", [("cheat_aborts", "SIGABRT"), ("cheat_segfaults", "SIGSEGV")])
+def test_crash_is_contained_as_crashed(scale_relu, cheat, signal):
+    v = check_candidate(scale_relu, path(cheat), TIMEOUT_S)
+    assert v["outcome"] == "crashed" and not v["accepted"]
+    assert signal in failed(v)["runs"]
+    assert run_job({"kind": "ping"}, timeout_s=60)["status"] == "ok"
+
+
+def test_inputs_are_fresh_and_varied_on_every_run(scale_relu):
+    again = run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S)
+    assert scale_relu.variants == again.variants == list(VARIANTS)
+    for i in range(len(VARIANTS)):
+        assert not torch.equal(scale_relu.inputs[i][0], again.inputs[i][0])
+    assert not torch.equal(scale_relu.state["weight"], again.state["weight"])  # fresh parameters too
+    normal, heavy = scale_relu.inputs[0][0], scale_relu.inputs[1][0]
+    beyond_3_sigma = lambda t: float((t.abs() > 3).float().mean())  # noqa: E731  (templates are N(0, 1))
+    assert beyond_3_sigma(normal) < 0.05 < beyond_3_sigma(heavy)  # Cauchy: ~20 % of values beyond 3
+
+
+def test_variants_keep_nonnegative_inputs_nonnegative():
+    gen = torch.Generator().manual_seed(1)
+    template = torch.rand(64, 64)
+    for variant in VARIANTS:
+        x = vary(template, variant, gen)
+        assert x.shape == template.shape and x.dtype == template.dtype and bool((x >= 0).all())
+    signed = torch.randn(256)
+    shifted = vary(signed, "offset_scaled", gen)  # an affine map: scale in [1/4, 4] and an offset
+    scale = float(shifted.std() / signed.std())
+    assert 0.25 <= scale <= 4 and torch.allclose(shifted, signed * scale + (shifted - signed * scale).mean(), atol=1e-5)
+    idx = torch.randint(0, 5, (10,))
+    assert vary(idx, "heavy_tailed", gen) is idx  # indices are left as drawn
+
+
+def test_tolerance_that_cannot_discriminate_rejects_even_honest_work():
+    v = verify(path("ref_identity"), path("honest_copy"), device="cpu", timeout_s=TIMEOUT_S)
+    assert not v["accepted"]
+    assert "cannot be told from a copy of input 0" in failed(v)["tolerance_discriminates"]
+    assert {c["name"] for c in v["checks"] if c["passed"] is False} == {"tolerance_discriminates"}
+
+
+def test_tolerance_rejects_zeros_constant_and_input_copy():
+    """The bound itself on a typical output: each fake fails, the truth rounded to fp32 passes."""
+    x = torch.randn(16, 32, dtype=torch.float64)
+    ref = torch.softmax(x, -1)
+    eager = torch.softmax(x.float(), -1)
+    assert numeric.compare(ref.float(), ref, eager)["ok"]
+    for name, fake in numeric.fakes(ref, eager, [x.float()]).items():
+        assert not numeric.compare(fake, ref, eager)["ok"], name
+
+
+def test_precision_flags_half_precision_work_only():
+    x = torch.randn(4096, dtype=torch.float64)
+    ref = x * 1.7 + 0.3
+    eager = (x.float() * 1.7 + 0.3)
+    half = (x.half() * 1.7 + 0.3).float()
+    bf16 = (x.bfloat16() * 1.7 + 0.3).float()
+    assert not numeric.precision_loss(eager, ref, eager)["reduced"]
+    assert numeric.precision_loss(half, ref, eager)["reduced"]
+    assert numeric.precision_loss(bf16, ref, eager)["reduced"]
+    assert not numeric.precision_loss(torch.zeros_like(eager), ref, eager)["reduced"]  # wrong, not imprecise
+    assert numeric.precision_loss(half.half(), ref, half.half()) is None  # an fp16 task may be fp16
+
+
+def test_roofline_flags_speed_beyond_memory_bandwidth():
+    nbytes = 512 * 2**20
+    floor_ms = numeric.roofline_floor_ms(nbytes, 4300.0)
+    assert floor_ms == pytest.approx(nbytes / 4.3e12 * 1e3)
+    assert C.roofline(floor_ms * 0.1, nbytes, 4300.0, "H200")["passed"] is False
+    assert C.roofline(floor_ms * 1.5, nbytes, 4300.0, "H200")["passed"] is True
+    assert C.roofline(None, nbytes, 4300.0, "H200")["passed"] is None
+
+
+def test_compare_ignores_only_what_pytorch_itself_cannot_represent():
+    ref = torch.tensor([1.0, 2.0, 1e6], dtype=torch.float64)
+    eager = torch.tensor([1.0, 2.0, math.inf], dtype=torch.float16)
+    ok = numeric.compare(torch.tensor([1.0, 2.0, math.inf], dtype=torch.float16), ref, eager)
+    assert ok["ok"] and "1 elements not judged" in ok["reason"]
+    nan = numeric.compare(torch.tensor([1.0, math.nan, math.inf], dtype=torch.float16), ref, eager)
+    assert not nan["ok"] and "NaN or inf" in nan["reason"]
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def test_cli_exit_codes_and_json(capsys, tmp_path):
+    assert main(["verify", path("ref_scale_relu"), path("honest_scale_relu"), "--device", "cpu", "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["accepted"] and verdict["outcome"] == "accepted"
+    assert main(["verify", path("ref_scale_relu"), path("cheat_calls_torch"), "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: REJECTED" in out and "[FAIL] own_kernels" in out
+    assert main(["verify", path("ref_scale_relu"), str(tmp_path / "missing.py")]) == 2
+    (tmp_path / "model.txt").write_text("class ModelNew: pass\n")
+    assert main(["verify", path("ref_scale_relu"), str(tmp_path / "model.txt")]) == 2
+    bad_ref = tmp_path / "bad_ref.py"
+    bad_ref.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    assert main(["verify", str(bad_ref), path("honest_scale_relu"), "--device", "cpu"]) == 2
+    assert "get_inputs" in capsys.readouterr().out
+
+
+# -- GPU only ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def scale_relu_gpu():
+    return run_reference(path("ref_scale_relu"), "cuda", TIMEOUT_S)
+
+
+@pytest.mark.gpu
+def test_gpu_honest_kernel_is_accepted_and_timed(scale_relu_gpu):
+    v = check_candidate(scale_relu_gpu, path("honest_scale_relu"), TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)
+    assert v["timing"]["measured"] and v["timing"]["ours_ms"] > 0 and v["timing"]["eager_ms"] > 0
+    by_name = {c["name"]: c for c in v["checks"]}
+    assert by_name["roofline"]["passed"] is True and by_name["timed_output"]["passed"] is True
+
+
+@pytest.mark.gpu
+def test_gpu_side_stream_is_caught(scale_relu_gpu):
+    v = check_candidate(scale_relu_gpu, path("cheat_side_stream"), TIMEOUT_S)
+    assert not v["accepted"] and "CUDA streams created" in failed(v)["threads_and_streams"]
+
+
+@pytest.mark.gpu
+def test_gpu_pytorch_work_is_seen_by_the_profiler(scale_relu_gpu):
+    v = check_candidate(scale_relu_gpu, path("cheat_calls_torch"), TIMEOUT_S)
+    assert "own_kernels" in failed(v)
+
+
+@pytest.mark.gpu
+def test_gpu_speed_beyond_the_roofline_is_caught():
+    ref = run_reference(path("ref_scale_relu_large"), "cuda", TIMEOUT_S)
+    v = check_candidate(ref, path("cheat_memoizes_by_pointer"), TIMEOUT_S)
+    assert not v["accepted"] and "roofline" in failed(v), format_verdict(v)
+
+
+@pytest.mark.gpu
+def test_gpu_illegal_memory_access_is_contained(scale_relu_gpu, tmp_path):
+    bad = tmp_path / "illegal_address.py"
+    bad.write_text(
+        "import torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def k(p):\n"
+        "    tl.store(p + (1 << 40), 1.0)\n"
+        "class ModelNew(torch.nn.Module):\n"
+        "    def __init__(self, n):\n"
+        "        super().__init__()\n"
+        "        self.weight = torch.nn.Parameter(torch.empty(n))\n"
+        "        self.bias = torch.nn.Parameter(torch.empty(n))\n"
+        "    def forward(self, x):\n"
+        "        k[(1,)](x)\n"
+        "        torch.cuda.synchronize()\n"
+        "        return x.clone()\n")
+    v = check_candidate(scale_relu_gpu, str(bad), TIMEOUT_S)
+    assert v["outcome"] in ("crashed", "rejected") and not v["accepted"]
+    assert "runs" in failed(v)
+    assert check_candidate(scale_relu_gpu, path("honest_scale_relu"), TIMEOUT_S)["accepted"]  # still serving
+
+
+# -- one catalog kernel through the same checks -----------------------------------------------
+
+def test_a_catalog_kernel_goes_through_the_same_checks():
+    from mtmc.kernels.catalog import family_of
+    from mtmc.kernels.spec import KernelSpec
+    from mtmc.tools.guard.kernel_files import verify_kernel
+    from mtmc.tools.hardware import resolve
+
+    def render(spec):
+        fam = family_of(spec)
+        return fam.render(spec, fam.default_config(spec, resolve("h200")))
+    relu = KernelSpec("elementwise", "chain", {"M": 16, "N": 40}, "float32", {"chain": [{"op": "relu"}]})
+    v = verify_kernel(relu, render(relu), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)
+    gelu = KernelSpec("elementwise", "chain", {"M": 16, "N": 40}, "float32", {"chain": [{"op": "gelu"}]})
+    v = verify_kernel(relu, render(gelu), device="cpu", timeout_s=TIMEOUT_S)  # the wrong op's kernel
+    assert not v["accepted"] and "correctness" in failed(v)
