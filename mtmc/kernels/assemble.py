@@ -103,6 +103,14 @@ def _in_call(toks, i) -> bool:
     return False
 
 
+_PRELUDE_IMPORTS = {"import torch", "import triton", "import triton.language as tl"}
+
+
+def _without_prelude_imports(source: str) -> str:
+    """A kernel source without the imports the prelude already made (once is enough)."""
+    return "".join(line for line in source.splitlines(keepends=True) if line.strip() not in _PRELUDE_IMPORTS)
+
+
 # -- one wrapper per group ----------------------------------------------------------------------
 
 def _view(v: str, view: dict) -> str:
@@ -274,7 +282,7 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
         if k.get("summary"):
             header += [f"# {line}" for line in k["summary"].splitlines()]
         header += [f"# note: {n}" for n in g.notes]
-        parts += ["\n".join(header), prefix_names(k["source"], prefix)]
+        parts += ["\n".join(header), prefix_names(_without_prelude_imports(k["source"]), prefix)]
         wrapper_names[g.id] = f"_mtmc_group_{g.id}"
         parts.append(wrapper_source(g, prefix + "launch", wrapper_names[g.id]))
     used_globals: dict[str, object] = {}
@@ -298,7 +306,7 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
             root_forward = src
     parts += ["\n".join(_global_lines(used_globals, stand_ins, wrapper_names)), *forwards]
     parts.append(_model_new(root_forward, bound, len(chosen)))
-    return "\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
+    return "\n\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
 
 
 def _model_new(root_forward: str | None, bound: list[tuple[str, str]], n_kernels: int) -> str:
