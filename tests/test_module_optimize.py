@@ -190,12 +190,16 @@ def test_attention_block_groups():
     assert chain_ops(groups[-1].spec["params"]["epilogue"]) == ["bias", "add"]
 
 
-def test_reductions_over_a_middle_dim():
+def test_reductions_over_a_middle_dim_share_their_prologue():
     part = partition(captured("reduction_head.py"))
-    mean, mx = part.groups[0], part.groups[1]
+    mean, mx, head = part.groups
     assert (mean.spec["op"], mean.out) == ("mean", {"kind": "reduced", "dim": 1, "keepdim": False})
     assert mx.spec["op"] == "max" and mx.spec["dims"] == {"M": 48, "N": 12}
     assert mean.inputs[0]["dim"] == 1  # moved last for the kernel
+    # |x| feeds both reductions: each recomputes it instead of a third kernel writing it out
+    assert mean.spec["params"]["prologue"] == mx.spec["params"]["prologue"] == [{"op": "abs"}]
+    assert mean.args[0] == mx.args[0] == {"node": "x"}
+    assert head.family == "matmul"
     assert [t["op"].split()[0] for t in part.torch_ops] == ["cat"]
 
 

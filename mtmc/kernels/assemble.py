@@ -192,8 +192,10 @@ def rewrite(desc: dict, groups: list[Group]) -> tuple[fx.Graph, dict[str, int]]:
     graph, nodes = rebuild_graph(desc["nodes"])
     had_users = {n.name for n in graph.nodes if n.users}
     stand_ins = {}
+    erased: set[str] = set()
     for group in groups:
-        last = max((nodes[n] for n in group.nodes), key=_position(graph))
+        live = [nodes[n] for n in group.nodes if n not in erased]
+        last = max(live, key=_position(graph))
         with graph.inserting_before(last):
             args = [nodes[a["node"]] if "node" in a else graph.get_attr(a["attr"]) for a in group.args]
             fn = _placeholder(group.id)
@@ -201,8 +203,10 @@ def rewrite(desc: dict, groups: list[Group]) -> tuple[fx.Graph, dict[str, int]]:
         stand_ins[fn] = group.id
         for r in group.replaces:
             nodes[r].replace_all_uses_with(call)
-        for n in sorted((nodes[n] for n in group.nodes), key=_position(graph), reverse=True):
-            graph.erase_node(n)
+        for n in sorted(live, key=_position(graph), reverse=True):
+            if not n.users:  # a producer shared with a later group stays until that one
+                graph.erase_node(n)
+                erased.add(n.name)
         for r in group.replaces:  # later groups that read this value read the call
             nodes[r] = call
     _drop_dead(graph, had_users)

@@ -112,6 +112,7 @@ class Partitioner:
             if s is not None:
                 self.sem[n["name"]] = s
         self.taken: set[str] = set()
+        self.shared: set[str] = set()   # cheap producers recomputed inside each consumer
         self.groups: list[Group] = []
         self.next_id = first_id
 
@@ -132,7 +133,7 @@ class Partitioner:
         """Steps applying pointwise `node` to the running value; any other tensor it reads
         becomes a kernel input.  None (and `b` untouched) when `node` cannot continue the chain."""
         s = self.sem.get(node)
-        if not isinstance(s, Pointwise) or node in self.taken or node in b.nodes:
+        if not isinstance(s, Pointwise) or (node in self.taken and node not in self.shared) or node in b.nodes:
             return None
         if self.g.tensor(node) != (full_shape, b.dtype):
             return None
@@ -207,7 +208,9 @@ class Partitioner:
         scratch = _Builder(self.g, x, dtype)  # only asks whether each step would be accepted
         while True:
             s = self.sem.get(cur)
-            if not isinstance(s, Pointwise) or cur in self.taken or len(self.g.users[cur]) != 1:
+            if not isinstance(s, Pointwise) or (cur in self.taken and cur not in self.shared):
+                break
+            if len(self.g.users[cur]) != 1 and not self._shareable(cur, s):
                 break
             cands = [r for r in s.inputs if isinstance(r, NodeRef)]
             cands.sort(key=lambda r: not isinstance(self.sem.get(r.name), Pointwise))  # prefer longer chains
@@ -218,6 +221,17 @@ class Partitioner:
             links.append((cur, chosen.name))
             cur = chosen.name
         return links[::-1]
+
+    def _shareable(self, name: str, s: Pointwise) -> bool:
+        """A cheap producer (no tensor besides its input) whose every user is a row op reading
+        it as its main input: each of them recomputes it rather than reading it back from memory."""
+        operands = [r for r in s.inputs[1:] if isinstance(r, NodeRef) and self.g.tensor(r) is not None]
+        users = self.g.users[name]
+        ok = not operands and all(isinstance(self.sem.get(u), Anchor) and self.sem[u].family != "matmul"
+                                  and self.sem[u].x == NodeRef(name) for u in users)
+        if ok:
+            self.shared.add(name)
+        return ok
 
     # -- group kinds --
     def _finish(self, family: str, op: str, dims: dict, params: dict, b: _Builder, out: dict,
