@@ -402,6 +402,28 @@ def test_model_random_even_in_eval_mode_is_not_compared(tmp_path):
     assert result["status"] == "skipped" and "different outputs on the same inputs" in result["reason"]
 
 
+def test_large_inputs_are_cut_along_the_batch_for_the_interpreter(tmp_path):
+    cap = captured("mlp_gelu.py")
+    part = partition(cap)
+    out = tmp_path / "new.py"
+    out.write_text(assemble((MODULES / "mlp_gelu.py").read_text(), cap, part.groups, template_kernels(part.groups)))
+    result = check_file(str(out), trials=1, max_elems=300)  # get_inputs gives 2 x 8 x 32 = 512 elements
+    assert result["status"] == "passed" and result["scaled_down"]
+    assert result["input_shapes"] == [[1, 8, 32]]
+
+
+def test_inputs_are_not_cut_when_the_module_does_not_allow_it(tmp_path):
+    src = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+           "        assert x.shape[0] == 4, 'this model wants a batch of 4'\n        return x.relu()\n\n\n"
+           "def get_inputs():\n    return [torch.randn(4, 100)]\n\n\ndef get_init_inputs():\n    return []\n")
+    out = tmp_path / "fixed.py"
+    out.write_text(assemble(src, {"graphs": []}, [], {}))
+    result = check_file(str(out), trials=1, max_elems=100)
+    assert result["status"] == "skipped"
+    assert "too large for Triton's interpreter and Model rejects a smaller batch" in result["reason"]
+    assert "this model wants a batch of 4" in result["reason"]
+
+
 def test_compare_judges_against_float64_with_eager_slack():
     ref = torch.linspace(-3, 3, 101, dtype=torch.float64)
     eager = ref.float() + 1e-6
