@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # One module per subcommand; add a name here to add a command.
-COMMANDS = ["generate", "optimize", "verify"]
+COMMANDS = ["generate", "memory", "optimize", "verify"]
 
 
 def build_parser() -> argparse.ArgumentParser:

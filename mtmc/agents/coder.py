@@ -7,6 +7,7 @@ from langgraph.runtime import Runtime
 
 from mtmc.agents.context import Context
 from mtmc.agents.events import emit
+from mtmc.agents.planner import history_used
 from mtmc.agents.state import State
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
@@ -19,17 +20,44 @@ def source_diff(old: str, new: str) -> str:
     return "\n".join(lines)
 
 
+def warm_start(retrieved: list[dict], space: dict[str, list], gpu: str) -> dict | None:
+    """The nearest retrieved history on this GPU whose final config is legal for this spec."""
+    for h in retrieved:
+        cfg = h.get("final_config") or {}
+        if h.get("gpu") == gpu and set(cfg) == set(space) and all(cfg[k] in space[k] for k in space):
+            return h
+    return None
+
+
+def _memory_reason(h: dict) -> str:
+    ms = h.get("time_ms")
+    how = "no time" if ms is None else f"{'measured' if h.get('measured') else 'estimated'} {ms:.4f} ms"
+    trust = (f"stale ({'; '.join(h['stale_reasons'])}), so it is re-verified before it is trusted"
+             if h.get("stale") else "re-verified here like any draft")
+    return (f"first draft: the final config of history {h['id']} ({h['description']} on {h['gpu']}, "
+            f"reached at step {h['final_step']}, {how}); {trust}")
+
+
 def first_draft(state: State, runtime: Runtime[Context]) -> dict:
-    """Step 0: the family's template at its default config (or a given starting config)."""
+    """Step 0: a given config, else the best config of the nearest past history on this GPU
+    (memory warm start), else the family's template at its default config."""
     spec = KernelSpec.from_dict(state["spec"])
     family = family_of(spec)
-    config = dict(state.get("initial_config") or family.default_config(spec, resolve(runtime.context.target)))
-    origin = "given" if state.get("initial_config") else "template"
+    hw = resolve(runtime.context.target)
+    given = state.get("initial_config")
+    warm = None if given else warm_start(state.get("retrieved") or [], family.config_space(spec), hw.name)
+    if given:
+        config, origin = dict(given), "given"
+        reason = f"first draft: the {family.name} template at its given config"
+    elif warm:
+        config, origin, reason = dict(warm["final_config"]), "memory", _memory_reason(warm)
+    else:
+        config, origin = dict(family.default_config(spec, hw)), "template"
+        reason = f"first draft: the {family.name} template at its default config"
     source = family.render(spec, config)
-    decision = {"action": {"kind": "init", "knob": None, "value": None}, "origin": origin,
-                "reason": f"first draft: the {family.name} template at its {'given' if origin == 'given' else 'default'} config",
-                "alternatives": []}
-    emit("code", step=0, config=config, diff="", origin=origin)
+    decision = {"action": {"kind": "init", "knob": None, "value": None}, "origin": origin, "reason": reason,
+                "alternatives": [], "history": history_used(state, warm["id"] if warm else None)}
+    emit("code", step=0, config=config, diff="", origin=origin, history=decision["history"])
     return {"candidate": {"config": config, "source": source, "step": 0}, "decision": decision,
             "best": {}, "debug_attempts": 0, "stale_steps": 0}
 

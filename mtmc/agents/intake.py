@@ -9,6 +9,8 @@ from mtmc.agents.state import State
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.parse import parse_request
 from mtmc.kernels.spec import KernelSpec
+from mtmc.memory import MemoryUnavailable, Store
+from mtmc.tools.hardware import resolve
 
 
 def parse(state: State, runtime: Runtime[Context]) -> dict:
@@ -31,7 +33,13 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
 
 
 def retrieve(state: State, runtime: Runtime[Context]) -> dict:
-    """Similar past optimizations; the memory store plugs in here (empty until it lands)."""
-    retrieved: list[dict] = []
-    emit("retrieved", count=len(retrieved))
+    """Similar past optimizations on the target GPU, nearest spec first (light summaries)."""
+    gpu = resolve(runtime.context.target).name
+    try:
+        retrieved = Store().similar(state["spec"], gpu, k=3)
+        note = f"{len(retrieved)} similar past histories on {gpu}"
+    except MemoryUnavailable as exc:
+        retrieved, note = [], f"no histories: memory index unavailable ({exc})"
+    emit("retrieved", count=len(retrieved), gpu=gpu, note=note,
+         histories=[{k: h[k] for k in ("id", "description", "final_config", "stale", "score")} for h in retrieved])
     return {"retrieved": retrieved}

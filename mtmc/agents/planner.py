@@ -11,6 +11,12 @@ from mtmc.policy import baseline
 from mtmc.tools.hardware import resolve
 
 
+def history_used(state: State, warm_start: str | None) -> dict:
+    """What a decision drew on from memory: the history the lineage started from (its final
+    config was the first draft) and the histories retrieved for this spec."""
+    return {"warm_start": warm_start, "retrieved": [h["id"] for h in state.get("retrieved") or []]}
+
+
 def plan(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     spec = KernelSpec.from_dict(state["spec"])
@@ -23,6 +29,8 @@ def plan(state: State, runtime: Runtime[Context]) -> dict:
         stale_steps=state.get("stale_steps", 0), patience=ctx.patience,
     ).to_dict()
     decision["origin"] = "planner"
+    first = (state.get("steps") or [{}])[0]
+    decision["history"] = history_used(state, (first.get("history") or {}).get("warm_start"))
     emit("plan", step=len(state.get("steps", [])), **decision)
     return {"decision": decision, "debug_attempts": 0}
 

@@ -40,6 +40,7 @@ def step_record(state: State, outcome: str) -> dict:
         "reason": decision.get("reason", ""), "alternatives": decision.get("alternatives", []),
         "policy": decision.get("policy"), "config": cand["config"], "diff": cand.get("diff", ""),
         "verdict": cand["verdict"], "time_ms": cand.get("time_ms"), "outcome": outcome,
+        "history": decision.get("history"),
     }
 
 

@@ -1,0 +1,99 @@
+"""`mtmc memory search|show|rebuild`: the stored optimization histories."""
+from __future__ import annotations
+
+import json
+import sys
+
+from mtmc.agents.report import decision_line, verdict_line
+from mtmc.memory import MemoryUnavailable, Store
+from mtmc.tools.hardware import get_profile
+
+
+def _gpu_name(name: str | None) -> str | None:
+    """A profile key ("h200") or a full name ("NVIDIA H200") -> the name histories are filed under."""
+    if not name:
+        return None
+    try:
+        return get_profile(name).name
+    except ValueError:
+        return name
+
+
+def _time(h: dict) -> str:
+    ms = h.get("time_ms")
+    return "no time" if ms is None else f"{ms:.4f} ms {'measured' if h.get('measured') else 'estimated'}"
+
+
+def cmd_search(args) -> int:
+    hits = Store().search(args.text, op=args.op, gpu=_gpu_name(args.gpu), k=args.k)
+    if args.json:
+        print(json.dumps(hits, indent=2))
+        return 0
+    if not hits:
+        print("no stored histories match")
+    for h in hits:
+        stale = f"  [stale: {'; '.join(h['stale_reasons'])}]" if h["stale"] else ""
+        print(f"{h['id']}  d={h['distance']:.3f}  {h['description']}  on {h['gpu']}\n"
+              f"    final config {h['final_config']} at step {h['final_step']} of {h['drafts']}, {_time(h)}{stale}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    rec = Store().get(args.id)
+    if rec is None:
+        print(f"mtmc: no history {args.id!r} (an id, or a prefix naming exactly one)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rec.to_dict(), indent=2))
+        return 0
+    s = rec.summary()
+    print(f"{rec.id}: {s['description']}\n  request: {rec.request}\n  GPU: {rec.gpu_name}; versions: "
+          f"{', '.join(f'{k} {v}' for k, v in rec.versions.items())}" + (
+              f" (stale here: {'; '.join(s['stale_reasons'])})" if s["stale"] else ""))
+    if rec.warm_start:
+        print(f"  started from history {rec.warm_start}")
+    for step in rec.steps:
+        print(f"  step {step['step']} [{step.get('origin')}] {decision_line(step)}\n"
+              f"      -> {step.get('outcome')}; {verdict_line(step.get('verdict') or {})}")
+        if step.get("diff"):
+            print("\n".join("      " + line for line in step["diff"].splitlines()))
+    if rec.stop:
+        print(f"  stop: {decision_line(rec.stop)}")
+    speedups = ", ".join(f"{k} {v:.2f}x" for k, v in rec.speedups.items())
+    print(f"  final config {rec.final_config} (step {rec.final_step}), {_time(s)}"
+          + (f"; speedups: {speedups}" if speedups else ""))
+    return 0
+
+
+def cmd_rebuild(args) -> int:
+    n = Store().rebuild()
+    print(f"rebuilt the index from the log: {n} histories")
+    return 0
+
+
+def _guarded(fn):
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except MemoryUnavailable as exc:
+            print(f"mtmc: memory index unavailable: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+def register(sub) -> None:
+    m = sub.add_parser("memory", help="search, show and rebuild the stored optimization histories")
+    msub = m.add_subparsers(dest="memory_command", required=True)
+    s = msub.add_parser("search", help="histories nearest to a description")
+    s.add_argument("text", help='e.g. "softmax over 4096x8192 fp16"')
+    s.add_argument("--op", help="only this op family (or op name), e.g. softmax, matmul, rmsnorm")
+    s.add_argument("--gpu", help="only histories tuned for this GPU (h200 or a full name)")
+    s.add_argument("-k", type=int, default=5, help="how many (default 5)")
+    s.add_argument("--json", action="store_true", help="print the hits as JSON")
+    s.set_defaults(func=_guarded(cmd_search))
+    sh = msub.add_parser("show", help="one history: every step, its reason, verdict and diff")
+    sh.add_argument("id", help="a history id, or a prefix naming exactly one")
+    sh.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    sh.set_defaults(func=_guarded(cmd_show))
+    r = msub.add_parser("rebuild", help="drop the Chroma index and rebuild it from the log")
+    r.set_defaults(func=_guarded(cmd_rebuild))
