@@ -34,6 +34,18 @@ def scale_relu():
     return run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S)
 
 
+@pytest.fixture(scope="module")
+def verdict_of(scale_relu):
+    """Each candidate's verdict against the shared reference run, computed once."""
+    cache = {}
+
+    def get(name: str, timeout_s: float = TIMEOUT_S) -> dict:
+        if name not in cache:
+            cache[name] = check_candidate(scale_relu, path(name), timeout_s)
+        return cache[name]
+    return get
+
+
 def failed(verdict: dict) -> dict:
     return {c["name"]: c["detail"] for c in verdict["checks"] if c["passed"] is False}
 
@@ -65,20 +77,19 @@ CAUGHT_BY = {
 
 
 @pytest.mark.parametrize("cheat", sorted(CAUGHT_BY))
-def test_cheat_is_rejected_for_its_trick(scale_relu, cheat):
-    v = check_candidate(scale_relu, path(cheat), TIMEOUT_S)
+def test_cheat_is_rejected_for_its_trick(verdict_of, cheat):
+    v = verdict_of(cheat)
     name, words = CAUGHT_BY[cheat]
     assert v["outcome"] == "rejected" and not v["accepted"], format_verdict(v)
     assert name in failed(v), format_verdict(v)
     assert words in failed(v)[name], format_verdict(v)
 
 
-def test_checks_do_not_blame_what_a_cheat_did_right(scale_relu):
+def test_checks_do_not_blame_what_a_cheat_did_right(verdict_of):
     """A cheat that only breaks one rule fails that check alone: the checks are specific."""
     for cheat, only in (("cheat_wrong_dtype", "output_format"), ("cheat_modifies_input", "inputs_unchanged"),
                         ("cheat_calls_torch", "own_kernels"), ("cheat_patches_do_bench", "timing_functions")):
-        v = check_candidate(scale_relu, path(cheat), TIMEOUT_S)
-        assert set(failed(v)) == {only}, (cheat, failed(v))
+        assert set(failed(verdict_of(cheat))) == {only}, (cheat, failed(verdict_of(cheat)))
 
 
 def test_honest_kernel_is_accepted(scale_relu):
@@ -100,12 +111,12 @@ def test_honest_kernel_from_mtmc_codegen_is_accepted():
     assert "softmax_kernel" in next(c for c in v["checks"] if c["name"] == "own_kernels")["detail"]
 
 
-def test_reference_outputs_never_reach_the_candidate(scale_relu):
+def test_reference_outputs_never_reach_the_candidate(verdict_of):
     """The candidate's child searches its memory and the verifier's temporary files and finds
     nothing: the reference ran elsewhere and its files were deleted before the candidate started."""
     leftovers = list(Path(tempfile.gettempdir()).glob("mtmc-guard-ref-*"))
     assert not leftovers
-    v = check_candidate(scale_relu, path("cheat_searches_for_reference"), TIMEOUT_S)
+    v = verdict_of("cheat_searches_for_reference")
     assert "reference output found: False" in v["stderr_tail"]
     assert "reference output found: True" not in v["stderr_tail"]
 
@@ -291,3 +302,9 @@ def test_a_catalog_kernel_goes_through_the_same_checks():
     gelu = KernelSpec("elementwise", "chain", {"M": 16, "N": 40}, "float32", {"chain": [{"op": "gelu"}]})
     v = verify_kernel(relu, render(gelu), device="cpu", timeout_s=TIMEOUT_S)  # the wrong op's kernel
     assert not v["accepted"] and "correctness" in failed(v)
+
+
+def test_a_model_random_in_training_mode_is_compared_in_eval_mode():
+    v = verify(path("ref_dropout_scale_relu"), path("honest_scale_relu"), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)
+    assert any("eval mode" in n for n in v["notes"])

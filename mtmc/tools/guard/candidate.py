@@ -144,7 +144,7 @@ def run_candidate(path: str, exchange: Path, device: str, timed: bool) -> dict:
                 raise AttributeError("the candidate defines no ModelNew")
             new = module.ModelNew(*given["init"])
             new.load_state_dict(given["state"], strict=True)
-            new.to(device)
+            new.to(device).train(given.get("mode", "train") == "train")
         obs["loaded"] = True
         for i, inputs in enumerate(given["inputs"]):
             with _stage(obs, f"forward (trial {i + 1})"):

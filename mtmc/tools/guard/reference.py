@@ -8,7 +8,8 @@ child (the reference is uploaded code too, and the candidate never shares a proc
 
 It builds Model(*get_init_inputs()) under a fresh seed, draws one set of inputs per variant
 (guard.draw), runs Model eagerly on the device and in float64 on the CPU, and writes
-  dir/inputs.pt     init inputs, the state_dict and every trial's inputs (what the candidate gets)
+  dir/inputs.pt     init inputs, the state_dict, the mode and every trial's inputs (what the
+                    candidate gets)
   dir/reference.pt  eager and float64 outputs (what it must never see; the parent deletes it
                     before the candidate starts)
 """
@@ -64,6 +65,20 @@ def _float64(model64, inputs):
         return None
 
 
+def _mode(model, get_inputs, device) -> str:
+    """"train", or "eval" when Model is random in training mode (dropout): two runs of a copy on
+    the same inputs differ.  Random even in eval mode, no output can be checked."""
+    import torch
+    probe = copy.deepcopy(model)  # probing must not move the running statistics handed over
+    inputs, _ = draw_inputs(get_inputs, VARIANTS[0])
+    for mode in ("train", "eval"):
+        probe.train(mode == "train")
+        a, b = _eager(probe, inputs, device)[0], _eager(probe, inputs, device)[0]
+        if all(torch.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=True) for x, y in zip(a, b)):
+            return mode
+    raise ValueError("Model gives different outputs on the same inputs even in eval mode: nothing can be checked")
+
+
 def reference_job(job: dict) -> dict:
     import torch
 
@@ -84,7 +99,13 @@ def reference_job(job: dict) -> dict:
     except Exception:
         model64 = None
     model.to(device)
+    mode = _mode(model, module.get_inputs, device)
+    model.train(mode == "train")
+    if model64 is not None:
+        model64.train(mode == "train")
     trials, notes, ops = [], [], None
+    if mode == "eval":
+        notes.append("Model is random in training mode (dropout?): both are compared in eval mode")
     for variant in VARIANTS:
         inputs, _ = draw_inputs(module.get_inputs, variant)
         try:
@@ -101,10 +122,11 @@ def reference_job(job: dict) -> dict:
     has64 = all(t["ref64"] is not None and len(t["ref64"]) == len(t["eager"]) for t in trials)
     if not has64:
         notes.append("Model does not run in float64: outputs are judged against eager PyTorch")
-    torch.save({"init": init, "state": state, "inputs": [t["inputs"] for t in trials]}, out_dir / "inputs.pt")
+    torch.save({"init": init, "state": state, "mode": mode, "inputs": [t["inputs"] for t in trials]},
+               out_dir / "inputs.pt")
     torch.save({"eager": [t["eager"] for t in trials],
                 "ref64": [t["ref64"] if has64 else None for t in trials]}, out_dir / "reference.pt")
-    result = {"variants": [t["variant"] for t in trials], "notes": notes, "ops": dict(ops), "float64": has64,
+    result = {"variants": [t["variant"] for t in trials], "notes": notes, "mode": mode, "ops": dict(ops), "float64": has64,
               "eager_ms": None}
     if job.get("time") and device == "cuda":
         from mtmc.tools.timing import bench_ms

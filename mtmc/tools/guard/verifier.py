@@ -45,6 +45,7 @@ class ReferenceRun:
     inputs: list       # per trial: the inputs (CPU)
     eager: list        # per trial: Model's outputs in its own dtype
     ref64: list        # per trial: float64 outputs (or None)
+    mode: str = "train"  # "eval" when Model is random in training mode
     extra: dict = field(default_factory=dict)
 
     def truth(self, i: int) -> list:
@@ -90,7 +91,7 @@ def run_reference(path: str | Path, device: str | None = None, timeout_s: float 
         shutil.rmtree(tmp, ignore_errors=True)  # from here on the reference outputs live only here
     res = r["result"]
     return ReferenceRun(path, device, res["variants"], res["notes"], res["ops"], res["float64"], res["eager_ms"],
-                        given["init"], given["state"], given["inputs"], refs["eager"], refs["ref64"])
+                        given["init"], given["state"], given["inputs"], refs["eager"], refs["ref64"], res["mode"])
 
 
 def _load_saved(path: Path, limit: int) -> tuple[dict | None, str]:
@@ -158,7 +159,7 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
     path = str(Path(path).resolve())
     tmp = Path(tempfile.mkdtemp(prefix="mtmc-guard-cand-"))
     try:
-        torch.save({"init": ref.init, "state": ref.state, "inputs": ref.inputs}, tmp / "inputs.pt")
+        torch.save({"init": ref.init, "state": ref.state, "mode": ref.mode, "inputs": ref.inputs}, tmp / "inputs.pt")
         r = run_job({"kind": "candidate_run", "path": path, "dir": str(tmp), "device": ref.device,
                      "time": ref.device == "cuda"}, timeout_s, memory_mb, interpret=ref.device == "cpu")
         limit = 8 * sum(ref.nbytes(i) for i in range(len(ref.variants))) + OUTPUT_SLACK_BYTES
