@@ -186,6 +186,73 @@ def test_login_comes_from_the_environment_and_leaves_it(monkeypatch):
         auth_from_env()
 
 
+# -- modules ------------------------------------------------------------------------------------
+SUMMARY = {"file": "net.py", "groups": [
+    {"id": 0, "ops": ["linear (line 9)", "add (line 10)", "relu (line 11)"], "family": "matmul", "op": "matmul",
+     "description": "matmul then bias -> relu", "status": "kernel", "reason": "", "notes": ["bias expanded"],
+     "spec": MATMUL, "time_after_ms": 0.01, "measured": False, "same_as": None, "correctness": "ok"},
+    {"id": 1, "ops": ["softmax (line 12)"], "family": "softmax", "op": "softmax", "description": "softmax",
+     "status": "fallback", "reason": "breaks the module check", "notes": [], "spec": SOFTMAX,
+     "time_after_ms": 0.02, "measured": False, "same_as": None, "correctness": None}],
+    "torch_ops": [{"op": "conv2d (line 8)", "graph": "", "why": "outside the kernel catalog"}]}
+
+
+def test_module_events_nest_each_groups_steps_under_its_bubble():
+    from mtmc.ui.module_view import ModuleStream
+    m = ModuleStream()
+    m.feed({"event": "captured", "graphs": [""], "problems": []})
+    m.feed({"event": "partitioned", "groups": [{"id": 0, "ops": ["linear"], "family": "matmul"}],
+            "torch_ops": [{"op": "conv2d", "why": "outside the kernel catalog"}]})
+    m.feed({"event": "group_start", "group": 0, "ops": ["linear"], "description": "matmul 24x48"})
+    m.feed({"event": "code", "group": 0, "step": 0, "config": {"BLOCK_M": 32}, "diff": "", "origin": "template"})
+    m.feed({"event": "step", "group": 0, "step": 0, "origin": "template", "action": {"kind": "init"}, "reason": "first",
+            "verdict": _verdict(), "time_ms": 0.01, "outcome": "accepted"})
+    m.feed({"event": "final", "group": 0, "status": "done", "message": "matmul: done", "history_id": "matmul-1"})
+    m.feed({"event": "group_done", "group": 0, "status": "kernel", "reason": "the catalog serves it"})
+    m.feed({"event": "module_check", "status": "passed", "reason": "matches Model"})
+    m.feed({"event": "final", "status": "done", "message": "net.py: 1 fusion group(s)\nCheck: passed"})
+    captured, split, head, step0, result, check, final = m.messages
+    assert "conv2d`: outside the kernel catalog" in split["content"]
+    assert head["metadata"]["id"] == "group-0" and head["metadata"]["status"] == "done" and "kernel" in head["content"]
+    assert step0["metadata"]["parent_id"] == "group-0" and step0["metadata"]["id"] == "group-0/step-0"
+    assert result["metadata"]["parent_id"] == "group-0" and m.histories == {0: "matmul-1"}
+    assert "passed" in check["content"] and m.final["status"] == "done"
+    assert list(m.time_table()["series"]) == ["group 0 (estimate, no GPU)"]
+
+
+def test_fusion_questions_are_answered_from_the_split():
+    from mtmc.ui.module_view import fusion_answer, report_table, roofline_points
+    conv = fusion_answer("why not fuse the conv2d?", SUMMARY)
+    assert "`conv2d (line 8)` stays PyTorch: outside the kernel catalog" in conv and "group 0" not in conv
+    relu = fusion_answer("why did you fuse the relu into the matmul?", SUMMARY)
+    assert "group 0 (matmul/matmul) fuses linear (line 9) -> add (line 10) -> relu (line 11)" in relu
+    assert "note: bias expanded" in relu and "conv2d" not in relu
+    unknown = fusion_answer("why not fuse the attention?", SUMMARY)
+    assert "No captured op matches 'attention'" in unknown and "group 1" in unknown and "conv2d" in unknown
+    table = report_table(SUMMARY)
+    assert table.values.tolist()[1][2] == "PyTorch (breaks the module check)" and table["time after (ms)"][0] == 0.01
+    assert [p["name"] for p in roofline_points(SUMMARY, PROFILES["h200"])] == ["group 0: matmul"]
+
+
+def test_missing_parts_are_said_in_words_and_the_rest_keeps_working(monkeypatch):
+    from mtmc.ui import services
+    from mtmc.ui.chat import Chat
+    real = services._optional
+
+    def without(module, attr):
+        if module in ("mtmc.agents.module_flow", "mtmc.agents.explainer"):
+            raise services.Unavailable(f"{module} cannot be imported")
+        return real(module, attr)
+
+    monkeypatch.setattr(services, "_optional", without)
+    parts = services.availability()
+    assert parts["Module optimization"] == "not available in this build" and parts["Explainer"] == parts["Module optimization"]
+    assert parts["Memory"].startswith("available")
+    assert services.explain("why?", {"steps": []}).startswith("The explainer is not available here")
+    chat = list(Chat().respond({"text": "", "files": [str(MODULES / "linear_bias_relu.py")]}, [], None, {}))[-1]["chat"]
+    assert chat[-1]["content"].startswith("Module optimization is not available in this build")
+
+
 # -- the launched app -----------------------------------------------------------------------------
 AUTH = ("tester", "s3cret")
 
@@ -284,7 +351,7 @@ def test_why_is_answered_from_the_recorded_decision(client):
     assert chat[-2]["role"] == "user" and chat[-1]["role"] == "assistant"
     assert "Step 1" in answer and "p=" in answer           # the alternatives with probabilities
     assert "H200" in answer and "Estimated, not measured" in answer
-    assert "not available yet" not in answer               # the real explainer, not the fallback
+    assert "not available" not in answer
     unclear = _text(_last(_ask(client, "K=1x2"), "chat")[-1])
     assert unclear                                          # any text: answered, never a crash
 
@@ -315,3 +382,48 @@ def test_uploads_that_are_not_modules_get_a_clear_answer(client, tmp_path):
     chat = _last(_ask(client, "", [notes]), "chat")
     assert chat[-2]["content"] and "notes.py" in _text(chat[-2])
     assert "not in the benchmark format" in _text(chat[-1])
+
+
+@pytest.mark.slow
+def test_upload_optimizes_the_module_group_by_group_and_answers_why(client):
+    updates = _ask(client, "", [MODULES / "linear_bias_relu.py"])
+    chat = _last(updates, "chat")
+    meta = [m.get("metadata") or {} for m in chat]
+    assert _text(chat[0]).startswith("Uploaded module `linear_bias_relu.py`") or any(
+        _text(m).startswith("Uploaded module `linear_bias_relu.py`") for m in chat)
+    heads = [m for m in meta if m.get("id") == "group-0"]
+    assert heads and heads[0]["title"].startswith("Group 0: matmul") and heads[0]["status"] == "done"
+    assert any(m.get("parent_id") == "group-0" and m.get("title", "").startswith("Step 0") for m in meta)
+    assert any("Whole-module check:** passed" in _text(m) for m in chat)
+    assert meta[-1].get("title") == "Report" and "| # | ops | kernel |" in _text(chat[-1])
+    code = _last(updates, "code")
+    assert "class ModelNew" in code and Path(_last(updates, "download")).read_text().strip() == code.strip()
+    report = _last(updates, "report")
+    assert report["data"][0][0] == 0 and report["data"][0][2].startswith("Triton matmul")
+    assert "group 0: matmul" in _last(updates, "roofline")
+
+    fuse = _text(_last(_ask(client, "why did you fuse the relu?"), "chat")[-1])
+    assert "group 0 (matmul/matmul) fuses linear (line 16) -> add (line 17) -> relu (line 18)" in fuse
+    step = _text(_last(_ask(client, "why step 0 in group 0?"), "chat")[-1])
+    assert step.startswith("**Group 0**") and "Step 0: the first draft" in step and "H200" in step
+
+
+def test_history_finds_and_opens_past_optimizations(client):
+    rows = client.predict("matmul fp16", api_name="/search_history")
+    table, _, note = rows
+    ids = [r[0] for r in table["data"]]
+    assert ids and "past optimization" in note
+    assert any("256 x 256" in r[2] for r in table["data"])
+    steps, source = client.predict(ids[0], api_name="/open_history")
+    titles = [(m.get("metadata") or {}).get("title") for m in steps]
+    assert any(t and t.startswith("Step 0") for t in titles) and "@triton.jit" in source
+
+
+def test_settings_show_what_is_available_and_keep_the_endpoint(app_url):
+    from gradio_client import Client
+    status = Client(app_url, auth=AUTH, verbose=False).predict("h100", 2, "http://localhost:8000/v1", "qwen-coder", "sk-test",
+                                      api_name="/save_settings")
+    assert "GPU: **none**" in status and "NVIDIA H100 SXM" in status and "at most 2 planner steps" in status
+    assert "`qwen-coder` at `http://localhost:8000/v1` is stored" in status and "offline" in status
+    assert "sk-test" not in status
+    assert "Memory: available" in status and "Explainer: available" in status and "Module optimization: available" in status

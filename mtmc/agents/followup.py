@@ -17,6 +17,8 @@ from mtmc.kernels.spec import KernelSpec
 
 WHY = re.compile(r"\bwhy\b|\bhow come\b|^\s*explain\b|\bwhat made you\b|\breason for\b", re.I)
 STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
+GROUP = re.compile(r"\bgroup\s*#?\s*(\d+)", re.I)
+FUSION = re.compile(r"\bfus(?:e|ed|es|ion|ing)\b", re.I)
 
 # The parser's size words, mapped to each family's dim names (kernels/families/*: row ops and
 # elementwise take x as [M, N]; matmul is M x K by K x N, with a batch B when batched).
@@ -33,17 +35,20 @@ class FollowUp:
     changes: list[str] = field(default_factory=list)   # in words, for the chat
     message: str = ""                  # why a change could not be applied (kind "unclear")
     step: int | None = None            # the step a why-question names, if any
+    group: int | None = None           # the fusion group it names (after a module run)
+    fusion: bool = False               # it asks about fusing ops
 
 
-def asked_step(text: str) -> int | None:
-    m = STEP.search(text)
+def _number(pattern: re.Pattern, text: str) -> int | None:
+    m = pattern.search(text)
     return int(m.group(1)) if m else None
 
 
 def interpret(text: str, last_spec: dict | None) -> FollowUp:
     """Classify `text` given the conversation's last spec (None before the first run)."""
     if WHY.search(text):
-        return FollowUp("why", step=asked_step(text))
+        return FollowUp("why", step=_number(STEP, text), group=_number(GROUP, text),
+                        fusion=bool(FUSION.search(text)))
     if not last_spec:
         return FollowUp("new")
     parsed = parse_request(text)

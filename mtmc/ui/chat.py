@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Iterator
 
 from mtmc.agents.context import Context
-from mtmc.agents.followup import interpret
+from mtmc.agents.followup import FollowUp, interpret
 from mtmc.agents.runner import run_request
+from mtmc.paths import artifacts_dir
 from mtmc.tools.hardware import resolve
-from mtmc.ui import services
-from mtmc.ui.plots import kernel_point, roofline_svg, time_table
+from mtmc.ui import conversation, services
+from mtmc.ui.module_view import ModuleStream, fusion_answer, report_table, roofline_points
+from mtmc.ui.plots import kernel_point, roofline_svg
 from mtmc.ui.runqueue import RunQueue, run_in_line
 from mtmc.ui.settings import Settings
 from mtmc.ui.steps import StepStream
@@ -47,7 +49,8 @@ class Chat:
         text = (message.get("text") or "").strip()
         files = [f for f in message.get("files") or [] if f]
         history = list(history or [])
-        thread_id = thread_id or uuid.uuid4().hex
+        if not conversation.valid_thread(thread_id):
+            thread_id = uuid.uuid4().hex
         prefs = Settings.from_dict(settings)
         if not text and not files:
             yield {"chat": history, "thread": thread_id}
@@ -59,10 +62,11 @@ class Chat:
         if upload:
             yield from self._module(upload, history, thread_id, prefs)
             return
-        prior = services.thread_state(thread_id)
+        last = conversation.last_run(thread_id)
+        prior = services.thread_state(thread_id) if last.get("kind") == "kernel" else {}
         follow = interpret(text, prior.get("spec") if prior.get("steps") else None)
         if follow.kind == "why":
-            history.append(say(self._why(text, prior, prefs, follow.step)))
+            history.append(say(self._why(text, follow, last, prior, prefs)))
             yield {"chat": history}
         elif follow.kind == "unclear":
             history.append(say(f"I could not apply that to the last kernel: {follow.message}"))
@@ -72,22 +76,46 @@ class Chat:
                 history.append(say("Follow-up on the last kernel: " + "; ".join(follow.changes) + "."))
             yield from self._kernel(text, follow.spec, history, thread_id, prefs)
 
-    # -- the flows ------------------------------------------------------------------------------
-    def _why(self, question: str, state: dict, prefs: Settings, step: int | None) -> str:
-        if not state.get("steps"):
+    # -- why ----------------------------------------------------------------------------------
+    def _why(self, question: str, follow: FollowUp, last: dict, prior: dict, prefs: Settings) -> str:
+        if last.get("kind") == "module":
+            return self._module_why(question, follow, last, prefs)
+        if not prior.get("steps"):
             return "There is nothing to explain yet in this conversation: ask for a kernel first."
-        return services.explain(question, state, llm=_llm(prefs), step=step)
+        return services.explain(question, prior, llm=_llm(prefs))
 
+    def _module_why(self, question: str, follow: FollowUp, note: dict, prefs: Settings) -> str:
+        """Fusion questions from the module's split; step questions from a group's history."""
+        summary, histories = note["summary"], note.get("histories") or {}
+        if follow.fusion and follow.step is None:
+            return fusion_answer(question, summary)
+        if not histories:
+            return "No fusion group of the last module got a kernel, so there are no steps to explain.\n\n" \
+                   + fusion_answer(question, summary)
+        group = str(follow.group) if follow.group is not None else None
+        if group is not None and group not in histories:
+            return f"Group {group} has no recorded steps; the groups with steps are {', '.join(histories)}."
+        lead = "" if group is not None else f"(No group named; answering for group {next(iter(histories))}.)\n"
+        group = group if group is not None else next(iter(histories))
+        try:
+            state = services.history_state(histories[group])
+        except services.Unavailable as exc:
+            return f"The history of group {group} cannot be read: {exc}"
+        return f"{lead}**Group {group}**\n\n" + services.explain(question, state, llm=_llm(prefs))
+
+    # -- runs ---------------------------------------------------------------------------------
     def _kernel(self, text: str, spec: dict | None, history: list, thread_id: str, prefs: Settings) -> Iterator[dict]:
-        ctx = _context(prefs)
-        stream = StepStream()
+        ctx, stream = _context(prefs), StepStream()
 
         def job(on_event):
             return run_request(text, ctx, thread_id=thread_id, on_event=on_event, spec=spec)
 
         state = yield from self._run(job, stream, history, thread_id)
-        if state and state.get("status") == "done":
-            yield {"chat": history, **self._kernel_outputs(state, stream, prefs)}
+        if state is None:
+            return
+        conversation.note_kernel_run(thread_id)
+        if state.get("status") == "done":
+            yield {"chat": history, **_kernel_outputs(state, stream, prefs)}
 
     def _module(self, upload: str, history: list, thread_id: str, prefs: Settings) -> Iterator[dict]:
         try:
@@ -95,20 +123,28 @@ class Chat:
             optimize = services.module_optimizer()
         except (UploadError, services.Unavailable) as exc:
             history.append(say(str(exc) if isinstance(exc, UploadError)
-                               else f"Module optimization is not available yet in this build ({exc})."))
+                               else f"Module optimization is not available in this build ({exc})."))
             yield {"chat": history}
             return
-        ctx = _context(prefs)
-        stream = StepStream()
+        ctx, stream = _context(prefs), ModuleStream()
+        out = artifacts_dir() / "modules" / path.parent.name / f"{path.stem}_new.py"   # one folder per upload
 
         def job(on_event):
-            return optimize(str(path), ctx, on_event=on_event, thread_id=thread_id)
+            return optimize(str(path), ctx, str(out), str(out.with_name(f"{path.stem}_report.md")), on_event=on_event)
 
-        result = yield from self._run(job, stream, history, thread_id)
-        if result:
-            yield {"chat": history}
+        summary = yield from self._run(job, stream, history, thread_id)
+        if summary is None or summary.get("status") == "rejected":
+            return
+        conversation.note_module_run(thread_id, summary, stream.histories)
+        history.append(say(summary.get("report", ""), title="Report"))
+        profile = resolve(prefs.target)
+        update = {"chat": history, "times": stream.time_table(), "report": report_table(summary),
+                  "roofline": roofline_svg(roofline_points(summary, profile), profile)}
+        if out.exists():
+            update.update(code=out.read_text(), download=str(out))
+        yield update
 
-    def _run(self, job, stream: StepStream, history: list, thread_id: str) -> Iterator[dict]:
+    def _run(self, job, stream, history: list, thread_id: str) -> Iterator[dict]:
         """Stream `job` into the chat; returns its result (None if it failed or could not start)."""
         with self._lock:
             if thread_id in self._busy:
@@ -136,28 +172,27 @@ class Chat:
                     return item
                 update = {"chat": history}
                 if kind == "event" and item.get("event") == "step":
-                    update["times"] = time_table(stream.records, stream.baselines)
+                    update["times"] = stream.time_table()
                 yield update
         finally:
             with self._lock:
                 self._busy.discard(thread_id)
         return None
 
-    @staticmethod
-    def _kernel_outputs(state: dict, stream: StepStream, prefs: Settings) -> dict:
-        best = state.get("best") or {}
-        verdict = best.get("verdict") or {}
-        artifact = state.get("artifact")
-        out = {"times": time_table(state.get("steps") or stream.records, state.get("baselines"))}
-        if artifact and Path(artifact).exists():
-            out["code"] = Path(artifact).read_text()
-            out["download"] = artifact
-        if isinstance(best.get("time_ms"), (int, float)):
-            profile = resolve(prefs.target)
-            point = kernel_point(state["spec"], best["time_ms"], profile, bool(verdict.get("measured")),
-                                 name=f"final kernel (step {best.get('step')})")
-            out["roofline"] = roofline_svg([point], profile)
-        return out
+
+def _kernel_outputs(state: dict, stream: StepStream, prefs: Settings) -> dict:
+    best = state.get("best") or {}
+    verdict = best.get("verdict") or {}
+    artifact = state.get("artifact")
+    out = {"times": stream.time_table()}
+    if artifact and Path(artifact).exists():
+        out.update(code=Path(artifact).read_text(), download=artifact)
+    if isinstance(best.get("time_ms"), (int, float)):
+        profile = resolve(prefs.target)
+        point = kernel_point(state["spec"], best["time_ms"], profile, bool(verdict.get("measured")),
+                             name=f"final kernel (step {best.get('step')})")
+        out["roofline"] = roofline_svg([point], profile)
+    return out
 
 
 def _llm(prefs: Settings):

@@ -14,7 +14,7 @@ def search(query: str) -> tuple[pd.DataFrame, list[str], str]:
     try:
         hits = services.search_history(query or "")
     except services.Unavailable as exc:
-        return pd.DataFrame(columns=COLUMNS), [], f"Memory is not available yet: {exc}"
+        return pd.DataFrame(columns=COLUMNS), [], f"Memory is not available: {exc}"
     rows = [[h.get("id"), (h.get("created") or "")[:19].replace("T", " "), h.get("description") or h.get("request"),
              h.get("gpu"), _ms(h.get("time_ms")), "measured" if h.get("measured") else "estimate, no GPU",
              h.get("drafts")] for h in hits]

@@ -6,6 +6,7 @@ import gradio as gr
 from mtmc.paths import artifacts_dir
 from mtmc.ui import history, services
 from mtmc.ui.chat import Chat
+from mtmc.ui.module_view import REPORT_COLUMNS
 from mtmc.ui.plots import TIME_COLUMNS
 from mtmc.ui.settings import Settings, status_markdown, target_choices
 from mtmc.ui.upload import MAX_UPLOAD_BYTES
@@ -29,21 +30,22 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
             with gr.Tab("Chat", id="chat"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=3):
-                        chatbot = gr.Chatbot(label="Conversation", elem_id="chat", height=640,
+                        chatbot = gr.Chatbot(label="Conversation", elem_id="chat", height=860,
                                              buttons=["copy", "copy_all"], group_consecutive_messages=False)
                         box = gr.MultimodalTextbox(elem_id="ask", file_types=[".py"], file_count="single",
                                                    placeholder="Ask for a kernel, attach a module (.py), or ask why...",
                                                    show_label=False, autofocus=True)
                         new = gr.Button("New conversation", size="sm", elem_id="new-conversation")
                     with gr.Column(scale=2):
-                        code = gr.Code(label="Final kernel", language="python", elem_id="kernel-code",
+                        code = gr.Code(label="Final kernel (ModelNew file for a module)", language="python", elem_id="kernel-code",
                                        interactive=False, lines=18, max_lines=30)
                         download = gr.DownloadButton("Download the kernel file", elem_id="download", size="md")
-                        report = gr.Dataframe(label="Module report", elem_id="report", interactive=False, visible=False)
+                        report = gr.Dataframe(_empty(REPORT_COLUMNS), label="Module report (after an upload)",
+                                              elem_id="report", interactive=False)
                         times = gr.LinePlot(x="step", y="ms", color="series", label="Time per step (ms)",
                                             caption="PyTorch eager and torch.compile are timed on a GPU only",
                                             x_title="step", y_title="ms", elem_id="times",
-                                            value=_empty_times())
+                                            value=_empty(TIME_COLUMNS))
                         roofline = gr.HTML("<p>The roofline appears when a run finishes.</p>", elem_id="roofline")
             with gr.Tab("History", id="history"):
                 with gr.Row():
@@ -79,8 +81,9 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
         box.submit(respond, [box, conversation, thread, settings],
                    [chatbot, conversation, thread, box, code, download, times, roofline, report],
                    api_name="chat", concurrency_limit=RUN_CONCURRENCY)
-        new.click(lambda: ([], [], "", None, None, _empty_times(), ""),
-                  None, [chatbot, conversation, thread, code, download, times, roofline], api_name="new_conversation")
+        new.click(lambda: ([], [], "", None, None, _empty(TIME_COLUMNS), "", _empty(REPORT_COLUMNS)),
+                  None, [chatbot, conversation, thread, code, download, times, roofline, report],
+                  api_name="new_conversation")
 
         def save_settings(tgt, steps, url, mdl, key):
             prefs = Settings(target=tgt, max_steps=int(steps), llm_base_url=url or "", llm_model=mdl or "",
@@ -104,9 +107,9 @@ def _status(prefs: Settings) -> str:
     return status_markdown(prefs, services.availability())
 
 
-def _empty_times():
+def _empty(columns: list[str]):
     import pandas as pd
-    return pd.DataFrame(columns=TIME_COLUMNS)
+    return pd.DataFrame(columns=columns)
 
 
 def launch_options(auth: list[tuple[str, str]] | None) -> dict:

@@ -15,7 +15,7 @@ from mtmc.tools.hardware import HardwareProfile
 TIME_COLUMNS = ["step", "ms", "series"]
 
 
-def time_table(records: list[dict], baselines: dict | None) -> pd.DataFrame:
+def time_table(records: list[dict], baselines: dict | None, label: str = "kernel") -> pd.DataFrame:
     """One row per verified step (and per step for each baseline), for a line plot.  The
     baselines are only timed on a GPU; without one the plot shows the estimates alone."""
     rows = []
@@ -23,12 +23,12 @@ def time_table(records: list[dict], baselines: dict | None) -> pd.DataFrame:
         v = rec.get("verdict") or {}
         t = rec.get("time_ms")
         if v.get("ok") and isinstance(t, (int, float)) and math.isfinite(t):
-            rows.append((rec["step"], t, "kernel (measured)" if v.get("measured") else "kernel (estimate, no GPU)"))
+            rows.append((rec["step"], t, f"{label} (measured)" if v.get("measured") else f"{label} (estimate, no GPU)"))
     steps = sorted({r[0] for r in rows})
     for key, name in (("eager_ms", "PyTorch eager"), ("compile_ms", "torch.compile")):
         ms = (baselines or {}).get(key)
         if isinstance(ms, (int, float)) and ms > 0:
-            rows += [(s, ms, name) for s in steps]
+            rows += [(s, ms, name if label == "kernel" else f"{label}: {name}") for s in steps]
     return pd.DataFrame(rows, columns=TIME_COLUMNS)
 
 
@@ -47,15 +47,16 @@ W, H, PAD_L, PAD_R, PAD_T, PAD_B = 640, 400, 70, 20, 30, 70
 
 def roofline_svg(points: list[dict], profile: HardwareProfile) -> str:
     """Log-log roofline of `profile` (bandwidth slope up to the ridge, then the peak) with the
-    kernels' points; the peak is the dtype's of the first point (tensor cores for fp16/bf16 matmul)."""
+    kernels' points."""
     if not points:
         return "<p>No kernel yet: the roofline appears when a run finishes.</p>"
-    roof = points[0]["roof"]
-    peak, bw = roof["peak_tflops"], profile.bandwidth_gbs
-    ridge = peak * 1e12 / (bw * 1e9)
-    xs = [p["intensity"] for p in points] + [ridge]
+    bw = profile.bandwidth_gbs
+    # one flat roof per peak the kernels can reach (tensor cores for fp16/bf16 matmul, else fp32)
+    peaks = sorted({p["roof"]["peak_tflops"] for p in points}, reverse=True)
+    ridges = [peak * 1e12 / (bw * 1e9) for peak in peaks]
+    xs = [p["intensity"] for p in points] + ridges
     x_lo, x_hi = 10 ** math.floor(math.log10(min(xs) / 4)), 10 ** math.ceil(math.log10(max(xs) * 4))
-    ys = [p["tflops"] for p in points] + [peak, bw * 1e9 * x_lo / 1e12]
+    ys = [p["tflops"] for p in points] + peaks + [bw * 1e9 * x_lo / 1e12]
     y_lo, y_hi = 10 ** math.floor(math.log10(max(min(ys), 1e-6))), 10 ** math.ceil(math.log10(max(ys) * 2))
 
     def sx(x):
@@ -75,11 +76,14 @@ def roofline_svg(points: list[dict], profile: HardwareProfile) -> str:
     for decade in _decades(y_lo, y_hi):
         out.append(f'<line x1="{PAD_L}" y1="{sy(decade):.1f}" x2="{W - PAD_R}" y2="{sy(decade):.1f}" stroke="#eee"/>'
                    f'<text x="{PAD_L - 6}" y="{sy(decade) + 4:.1f}" text-anchor="end">{decade:g}</text>')
-    roof_pts = [(x_lo, bw * 1e9 * x_lo / 1e12), (ridge, peak), (x_hi, peak)]
-    out.append('<polyline fill="none" stroke="#444" stroke-width="2" points="'
-               + " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in roof_pts) + '"/>')
-    out.append(f'<text x="{PAD_L}" y="18">roofline of {escape(profile.name)}: {peak:g} TFLOP/s, '
-               f'{bw:g} GB/s, ridge at {ridge:.0f} FLOP/B</text>')
+    for i, (peak, ridge) in enumerate(zip(peaks, ridges)):
+        roof_pts = [(x_lo, bw * 1e9 * x_lo / 1e12), (ridge, peak), (x_hi, peak)]
+        dash = ' stroke-dasharray="6 4"' if i else ""
+        out.append(f'<polyline fill="none" stroke="#444" stroke-width="2"{dash} points="'
+                   + " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in roof_pts) + '"/>')
+    out.append(f'<text x="{PAD_L}" y="18">roofline of {escape(profile.name)}: '
+               + " / ".join(f"{peak:g}" for peak in peaks) + f' TFLOP/s, {bw:g} GB/s, ridge at '
+               + " / ".join(f"{r:.0f}" for r in ridges) + ' FLOP/B</text>')
     for i, p in enumerate(points):
         colour = "#d62728" if p["measured"] else "#ff7f0e"
         kind = "measured" if p["measured"] else "estimate, no GPU"

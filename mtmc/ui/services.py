@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib
 
-from mtmc.agents.report import decision_line, verdict_line
-
 
 class Unavailable(RuntimeError):
     """A part of the product this app cannot use here; the message says which and why."""
@@ -19,7 +17,7 @@ def _optional(module: str, attr: str):
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise Unavailable(f"{module}.{attr} is not available yet ({exc.__class__.__name__}: {exc})") from exc
+        raise Unavailable(f"{module}.{attr} cannot be imported ({exc.__class__.__name__}: {exc})") from exc
 
 
 # -- the conversation's state (the graph's checkpointer) ---------------------------------------
@@ -69,27 +67,17 @@ def history_state(record_id: str) -> dict:
 
 
 # -- explanations ---------------------------------------------------------------------------------
-def explain(question: str, state: dict, llm=None, step: int | None = None) -> str:
-    """The explainer's answer; without it, the recorded facts of the step asked about."""
+def explain(question: str, state: dict, llm=None) -> str:
+    """The explainer's answer about a run (a graph state or a stored history's as_state())."""
     try:
         explainer = _optional("mtmc.agents.explainer", "explain")
-    except Unavailable:
-        return recorded_facts(state, step) + "\n\n_(The full explainer is not available yet: these are the recorded facts.)_"
+    except Unavailable as exc:
+        return f"The explainer is not available here ({exc})."
     try:
         store = memory_store()
     except Unavailable:
-        store = None
+        store = None      # answers without similar past histories
     return explainer(question, state, store=store, llm=llm)
-
-
-def recorded_facts(state: dict, step: int | None) -> str:
-    steps = state.get("steps") or []
-    rec = next((s for s in steps if s.get("step") == step), None) if step is not None else (steps[-1] if steps else None)
-    if rec is None:
-        known = ", ".join(str(s.get("step")) for s in steps)
-        return f"There is no step {step} in the last run (its steps: {known or 'none'})."
-    return (f"**Step {rec['step']}** ({rec.get('origin')}): {decision_line(rec)}\n\n"
-            f"- verdict: {verdict_line(rec.get('verdict') or {})}\n- outcome: {rec.get('outcome')}")
 
 
 # -- module optimization -------------------------------------------------------------------------
@@ -118,12 +106,12 @@ def availability() -> dict[str, str]:
         n = len(memory_store().records())
         parts["Memory"] = f"available ({n} past optimizations)"
     except Exception as exc:
-        parts["Memory"] = f"not available yet ({exc})"
+        parts["Memory"] = f"not available ({exc})"
     for name, module, attr in (("Explainer", "mtmc.agents.explainer", "explain"),
                                ("Module optimization", "mtmc.agents.module_flow", "optimize_module")):
         try:
             _optional(module, attr)
             parts[name] = "available"
         except Unavailable:
-            parts[name] = "not available yet"
+            parts[name] = "not available in this build"
     return parts

@@ -8,6 +8,7 @@ import time
 from mtmc.agents.finalizer import timing_line
 from mtmc.agents.report import resources_line
 from mtmc.policy.actions import Action
+from mtmc.ui.plots import time_table
 
 ORIGIN_WORDS = {"template": "first draft (template)", "given": "first draft (given config)",
                 "memory": "first draft (from memory)",
@@ -142,14 +143,14 @@ class StepStream:
         self.spec = ev.get("spec")
         self._understood = (ev.get("description", ""), list(ev.get("assumptions") or []))
         self._intake = len(self.messages)
-        self.messages.append(self._assistant(intake_text(*self._understood, None)))
+        self.messages.append(self._assistant(intake_text(*self._understood, None), "Understood"))
 
     def _on_retrieved(self, ev):
         if self._intake is not None:
             self.messages[self._intake]["content"] = intake_text(*self._understood, ev.get("count", 0))
 
     def _on_unsupported(self, ev):
-        self.messages.append(self._assistant(ev.get("message", "")))
+        self.messages.append(self._assistant(ev.get("message", ""), "Not supported"))
 
     def _on_plan(self, ev):
         decision = {k: v for k, v in ev.items() if k not in ("event", "step")}
@@ -201,7 +202,10 @@ class StepStream:
 
     def _on_final(self, ev):
         self.final = ev
-        self.messages.append(self._assistant(final_text(ev.get("message", ""))))
+        self.messages.append(self._assistant(final_text(ev.get("message", "")), "Result"))
+
+    def time_table(self):
+        return time_table(self.records, self.baselines)
 
     # -- helpers --------------------------------------------------------------------------
     def _render(self, rec: dict, status: str):
@@ -212,9 +216,12 @@ class StepStream:
             msg["metadata"]["title"] += f": {rec['action_label']}"
         self.messages[self._index[rec["step"]]] = msg
 
-    @staticmethod
-    def _assistant(text: str) -> dict:
-        return {"role": "assistant", "content": text}
+    def _assistant(self, text: str, title: str) -> dict:
+        """A plain message; nested under a group (a titled thought) when the stream has a prefix."""
+        msg = {"role": "assistant", "content": text}
+        if self.prefix:
+            msg["metadata"] = {"title": title, "parent_id": self.prefix.rstrip("/"), "status": "done"}
+        return msg
 
 
 def messages_from_state(state: dict) -> list[dict]:

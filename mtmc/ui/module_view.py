@@ -1,0 +1,132 @@
+"""A module optimization as chat messages: what was captured and how it was split, then one
+collapsible bubble per fusion group holding that group's step bubbles (the same StepStream as a
+single kernel, nested), then the whole-module check and the report; plus the report table and
+the pictures for the side panel."""
+from __future__ import annotations
+
+import pandas as pd
+
+from mtmc.tools.hardware import HardwareProfile
+from mtmc.ui.plots import kernel_point, time_table
+from mtmc.ui.steps import StepStream, final_text
+
+REPORT_COLUMNS = ["group", "ops", "result", "correctness", "time after (ms)", "timing"]
+
+
+def say(text: str, title: str | None = None) -> dict:
+    msg = {"role": "assistant", "content": text}
+    if title:
+        msg["metadata"] = {"title": title, "status": "done"}
+    return msg
+
+
+class ModuleStream:
+    """Feed it the module flow's events; `messages` is the chat so far."""
+
+    def __init__(self):
+        self._blocks: list = []                       # message dicts, or group ids (their bubbles)
+        self.groups: dict[int, StepStream] = {}
+        self._heads: dict[int, dict] = {}             # group id -> its parent bubble
+        self.histories: dict[int, str] = {}           # group id -> its history in memory
+        self.final: dict | None = None
+
+    @property
+    def messages(self) -> list[dict]:
+        out = []
+        for block in self._blocks:
+            if isinstance(block, int):
+                out.append(self._heads[block])
+                out += self.groups[block].messages
+            else:
+                out.append(block)
+        return out
+
+    def feed(self, ev: dict) -> None:
+        kind, gid = ev.get("event"), ev.get("group")
+        if kind == "group_start":
+            self._heads[gid] = {"role": "assistant", "content": "Ops: " + " -> ".join(ev.get("ops") or []),
+                                "metadata": {"title": f"Group {gid}: {ev.get('description', '')}",
+                                             "id": f"group-{gid}", "status": "pending"}}
+            self.groups[gid] = StepStream(prefix=f"group-{gid}/")
+            self._blocks.append(gid)
+        elif kind in ("group_done", "group_fallback") and gid in self._heads:
+            head = self._heads[gid]
+            head["metadata"].update(status="done", log=ev.get("status") or "falls back to PyTorch")
+            head["content"] += f"\n\n**{ev.get('status', 'fallback')}:** {ev.get('reason', '')}"
+        elif gid is not None and gid in self.groups:
+            if kind == "final" and ev.get("history_id"):
+                self.histories[gid] = ev["history_id"]
+            self.groups[gid].feed(ev)
+        elif kind == "captured":
+            problems = [f"- could not capture {p.get('path') or 'Model.forward'}: {p.get('reason')}"
+                        for p in ev.get("problems") or []]
+            self._blocks.append(say("\n".join([f"**Captured** {len(ev.get('graphs') or [])} graph(s) "
+                                               "in a sandboxed child process.", *problems])))
+        elif kind == "partitioned":
+            lines = [f"**{len(ev.get('groups') or [])} fusion group(s):**"]
+            lines += [f"- group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}" for g in ev.get("groups") or []]
+            lines += [f"- stays PyTorch: `{t['op']}`: {t['why']}" for t in ev.get("torch_ops") or []]
+            self._blocks.append(say("\n".join(lines)))
+        elif kind == "module_check":
+            self._blocks.append(say(f"**Whole-module check:** {ev.get('status')}: {ev.get('reason', '')}"))
+        elif kind == "module_time":
+            self._blocks.append(say(f"**End to end:** ModelNew {ev.get('ours_ms')} ms, PyTorch eager "
+                                    f"{ev.get('eager_ms')} ms, torch.compile {ev.get('compiled_ms')} ms"))
+        elif kind in ("rejected", "final"):
+            self.final = ev
+            self._blocks.append(say(final_text(ev.get("message", "")) if kind == "final" else ev.get("message", "")))
+
+    def time_table(self) -> pd.DataFrame:
+        parts = [time_table(s.records, s.baselines, label=f"group {gid}") for gid, s in self.groups.items()]
+        return pd.concat(parts, ignore_index=True) if parts else time_table([], None)
+
+
+def report_table(summary: dict) -> pd.DataFrame:
+    rows = []
+    for g in summary.get("groups") or []:
+        kernel = g["status"] == "kernel"
+        t = g.get("time_after_ms")
+        rows.append([g["id"], " -> ".join(g["ops"]),
+                     f"Triton {g['family']}/{g['op']}" if kernel else f"PyTorch ({g.get('reason', '')})",
+                     g.get("correctness") or "-", round(t, 5) if kernel and isinstance(t, (int, float)) else None,
+                     "measured" if g.get("measured") else "estimate, no GPU"])
+    return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+
+
+def roofline_points(summary: dict, profile: HardwareProfile) -> list[dict]:
+    return [kernel_point(g["spec"], g["time_after_ms"], profile, bool(g.get("measured")), name=f"group {g['id']}: {g['op']}")
+            for g in summary.get("groups") or []
+            if g["status"] == "kernel" and isinstance(g.get("time_after_ms"), (int, float)) and g.get("same_as") is None]
+
+
+_QUIET = {"why", "not", "did", "you", "the", "fuse", "fused", "fusing", "fusion", "into", "with", "and", "was",
+          "this", "that", "what", "how", "are", "were", "does", "isn", "didn", "one", "kernel", "group"}
+
+
+def fusion_answer(question: str, summary: dict) -> str:
+    """Why ops were (not) fused, from the module's split into groups: which group took each op,
+    and why the ops left to PyTorch stayed there; the ops the question names come first."""
+    words = {w for w in "".join(c if c.isalnum() else " " for c in question.lower()).split()
+             if len(w) > 2 and w not in _QUIET}
+
+    def named(text: str) -> bool:
+        return any(w in text.lower() for w in words)
+
+    groups, left = summary.get("groups") or [], summary.get("torch_ops") or []
+    hit_groups = [g for g in groups if named(" ".join(g["ops"]) + " " + g.get("description", ""))]
+    hit_left = [t for t in left if named(t["op"])]
+    lines = [f"Fusion in `{summary.get('file')}` was decided when the captured graph was split into groups: "
+             "a group is one catalog kernel (a matmul with its epilogue, a reduction / softmax / norm with "
+             "its prologue and epilogue, or a pointwise chain), and a node joins a group only when all its "
+             "users are in it, so the kernel returns exactly what the nodes did."]
+    if not (hit_groups or hit_left):
+        if words:
+            lines.append(f"No captured op matches '{' '.join(sorted(words))}'; here is the whole split.")
+        hit_groups, hit_left = groups, left
+    for g in hit_groups:
+        lines.append(f"- group {g['id']} ({g['family']}/{g['op']}) fuses {' -> '.join(g['ops'])}: "
+                     + ("Triton kernel" if g["status"] == "kernel" else f"left to PyTorch ({g.get('reason')})"))
+        lines += [f"  - note: {n}" for n in g.get("notes") or []]
+    for t in hit_left:
+        lines.append(f"- `{t['op']}` stays PyTorch: {t['why']}")
+    return "\n".join(lines)
