@@ -193,6 +193,8 @@ class Classifier:
         if self.g.tensor(name) is None and "seq" not in n["value"]:  # (values, indices) of max(x, dim)
             return None
         args, kwargs = self.g.args(name)
+        if kwargs.get("out") is not None:
+            raise Reject("out= arguments are not fused")
         if n["op"] == "call_module":
             return self._module(name, n["target"], args, kwargs)
         fn = n["target"] if n["op"] == "call_function" else None
@@ -205,9 +207,12 @@ class Classifier:
         if fn in UNARY_FUNCTIONS or method in UNARY_METHODS:
             return self._unary(UNARY_FUNCTIONS.get(fn) or UNARY_METHODS[method], name, args, kwargs)
         if fn in BINARY_FUNCTIONS or method in BINARY_METHODS:
-            if kwargs.get("alpha", 1) != 1 or kwargs.get("rounding_mode") or kwargs.get("out") is not None:
-                raise Reject("alpha, rounding_mode or out= arguments are not fused")
-            return Pointwise(list(args[:2]), binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
+            if kwargs.get("alpha", 1) != 1 or kwargs.get("rounding_mode"):
+                raise Reject("alpha or rounding_mode arguments are not fused")
+            pair = [_arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")]
+            if any(v is None for v in pair):
+                return None
+            return Pointwise(pair, binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
         if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
             return self._matmul(name, args[0], args[1])
         if fn == LINEAR_FUNCTION:
