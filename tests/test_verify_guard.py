@@ -72,7 +72,6 @@ CAUGHT_BY = {
     "cheat_patches_torch_equal": ("verifier_hooks", "torch.equal"),
     "cheat_background_thread": ("threads_and_streams", "cheat-worker"),
     "cheat_fp16_compute": ("precision", "reduced precision"),
-    "cheat_allocates_forever": ("runs", "MemoryError"),
 }
 
 
@@ -128,11 +127,12 @@ def test_hang_is_contained_as_timed_out(scale_relu):
     assert run_job({"kind": "ping"}, timeout_s=60)["status"] == "ok"  # the caller keeps serving
 
 
-@pytest.mark.parametrize("cheat,signal", [("cheat_aborts", "SIGABRT"), ("cheat_segfaults", "SIGSEGV")])
-def test_crash_is_contained_as_crashed(scale_relu, cheat, signal):
-    v = check_candidate(scale_relu, path(cheat), TIMEOUT_S)
+@pytest.mark.parametrize("cheat,why", [("cheat_aborts", "SIGABRT"), ("cheat_segfaults", "SIGSEGV"),
+                                       ("cheat_allocates_forever", "MemoryError")])
+def test_crash_is_contained_as_crashed(verdict_of, cheat, why):
+    v = verdict_of(cheat)
     assert v["outcome"] == "crashed" and not v["accepted"]
-    assert signal in failed(v)["runs"]
+    assert why in failed(v)["runs"]
     assert run_job({"kind": "ping"}, timeout_s=60)["status"] == "ok"
 
 
@@ -280,7 +280,7 @@ def test_gpu_illegal_memory_access_is_contained(scale_relu_gpu, tmp_path):
         "        torch.cuda.synchronize()\n"
         "        return x.clone()\n")
     v = check_candidate(scale_relu_gpu, str(bad), TIMEOUT_S)
-    assert v["outcome"] in ("crashed", "rejected") and not v["accepted"]
+    assert v["outcome"] == "crashed" and not v["accepted"]
     assert "runs" in failed(v)
     assert check_candidate(scale_relu_gpu, path("honest_scale_relu"), TIMEOUT_S)["accepted"]  # still serving
 

@@ -5,14 +5,15 @@
   verdict = check_candidate(ref, CANDIDATE.py)   # child 2: ModelNew on copies of the inputs only
   verify(REFERENCE.py, CANDIDATE.py)      # both: what `mtmc verify` and the pipeline call
 
-The verdict is plain data: outcome ("accepted" | "rejected" | "crashed" | "timed out" |
-"invalid reference"), accepted, checks [{name, passed, detail}], max_abs_err, rel_err, tol_ratio,
+The verdict is plain data: outcome ("accepted" | "rejected" | "crashed" (the child died, ran out
+of memory or broke its CUDA context) | "timed out" | "invalid reference"), accepted, checks [{name, passed, detail}], max_abs_err, rel_err, tol_ratio,
 trials (per input variant, per output), timing (GPU only), notes and the candidate's stderr tail.
 Files only cross the process boundary through torch.load(weights_only=True), so neither child
 can run code in this process.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -24,6 +25,10 @@ from mtmc.tools.sandbox import run_job
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_MB = 4096       # address-space cap of CPU children (no cap with a GPU: CUDA reserves more)
 OUTPUT_SLACK_BYTES = 64 << 20  # a candidate's outputs file may exceed the expected size by this much
+# Errors after which the process (or its CUDA context) is unusable: reported as "crashed".
+_FATAL_TYPES = ("MemoryError", "AcceleratorError")
+_FATAL_MESSAGE = re.compile(r"illegal memory access|CUDA error|unspecified launch failure|out of memory|"
+                            r"can't allocate memory", re.I)
 
 
 class ReferenceFailed(RuntimeError):
@@ -148,8 +153,10 @@ def judge_candidate(ref: ReferenceRun, obs: dict, saved: dict | None, why_unsave
                    C.precision(outputs, ref), _roofline(ref, obs), C.timed_output(saved.get("timed"), ref)]
     checks.append(C.tolerance_discriminates(ref))
     accepted = all(c["passed"] is not False for c in checks) and checks[1]["passed"] is True
-    verdict.update(outcome="accepted" if accepted else "rejected", accepted=accepted, checks=checks,
-                   timing=_timing(ref, obs))
+    err = obs.get("error") or {}
+    fatal = err.get("type") in _FATAL_TYPES or bool(_FATAL_MESSAGE.search(err.get("message") or ""))
+    outcome = "accepted" if accepted else "crashed" if fatal else "rejected"
+    verdict.update(outcome=outcome, accepted=accepted, checks=checks, timing=_timing(ref, obs))
     return verdict
 
 
