@@ -6,7 +6,6 @@ Triton's interpreter on CPU tensors; the tests marked gpu run the GPU-only check
 """
 import json
 import math
-import os
 import tempfile
 from pathlib import Path
 
@@ -91,8 +90,8 @@ def test_checks_do_not_blame_what_a_cheat_did_right(verdict_of):
         assert set(failed(verdict_of(cheat))) == {only}, (cheat, failed(verdict_of(cheat)))
 
 
-def test_honest_kernel_is_accepted(scale_relu):
-    v = check_candidate(scale_relu, path("honest_scale_relu"), TIMEOUT_S)
+def test_honest_kernel_is_accepted(verdict_of):
+    v = verdict_of("honest_scale_relu")
     assert v["accepted"] and v["outcome"] == "accepted", format_verdict(v)
     by_name = {c["name"]: c for c in v["checks"]}
     for name in ("loads", "runs", "timing_functions", "verifier_hooks", "threads_and_streams", "inputs_unchanged",
@@ -308,3 +307,10 @@ def test_a_model_random_in_training_mode_is_compared_in_eval_mode():
     v = verify(path("ref_dropout_scale_relu"), path("honest_scale_relu"), device="cpu", timeout_s=TIMEOUT_S)
     assert v["accepted"], format_verdict(v)
     assert any("eval mode" in n for n in v["notes"])
+
+
+def test_verdict_in_the_module_checks_shape(verdict_of):
+    from mtmc.tools.guard import as_module_check
+    bad = as_module_check(verdict_of("cheat_calls_torch"))
+    assert bad["status"] == "failed" and bad["reason"].startswith("rejected: own_kernels:")
+    assert as_module_check(verdict_of("honest_scale_relu"))["status"] == "passed"

@@ -6,7 +6,8 @@ another that never holds the reference's outputs (guard.candidate, instrumented 
 guard.probes); the parent judges (guard.checks, guard.numeric) and assembles the verdict
 (guard.verifier); guard.report puts it in words.
 """
-from mtmc.tools.guard.report import format_verdict
+from mtmc.tools.guard.report import as_module_check, format_verdict
 from mtmc.tools.guard.verifier import ReferenceFailed, ReferenceRun, check_candidate, run_reference, verify
 
-__all__ = ["verify", "run_reference", "check_candidate", "ReferenceRun", "ReferenceFailed", "format_verdict"]
+__all__ = ["verify", "run_reference", "check_candidate", "ReferenceRun", "ReferenceFailed", "format_verdict",
+           "as_module_check"]

@@ -29,3 +29,13 @@ def format_verdict(v: dict) -> str:
     if not v["accepted"] and v.get("stderr_tail"):
         lines += ["candidate stderr (last lines):"] + ["  " + ln for ln in v["stderr_tail"].splitlines()[-12:]]
     return "\n".join(lines)
+
+
+def as_module_check(v: dict) -> dict:
+    """The verdict in the shape of the module flow's whole-module check ({"status": "passed" |
+    "failed", "reason"}), so the pipeline can use the guard in place of that check."""
+    if v["accepted"]:
+        return {"status": "passed", "reason": "accepted by every check", "verdict": v}
+    bad = [c for c in v["checks"] if c["passed"] is False]
+    reason = "; ".join(f"{c['name']}: {c['detail']}" for c in bad[:3]) or v["outcome"]
+    return {"status": "failed", "reason": f"{v['outcome']}: {reason}", "verdict": v}

@@ -3,11 +3,12 @@
   ref = run_reference(REFERENCE.py)       # child 1: Model, fresh inputs, float64 truth -> files
                                           # loaded here, then deleted before child 2 starts
   verdict = check_candidate(ref, CANDIDATE.py)   # child 2: ModelNew on copies of the inputs only
-  verify(REFERENCE.py, CANDIDATE.py)      # both: what `mtmc verify` and the pipeline call
+  verify(REFERENCE.py, CANDIDATE.py)      # both: what `mtmc verify` calls (and the pipeline can)
 
 The verdict is plain data: outcome ("accepted" | "rejected" | "crashed" (the child died, ran out
-of memory or broke its CUDA context) | "timed out" | "invalid reference"), accepted, checks [{name, passed, detail}], max_abs_err, rel_err, tol_ratio,
-trials (per input variant, per output), timing (GPU only), notes and the candidate's stderr tail.
+of memory or broke its CUDA context) | "timed out" | "invalid reference"), accepted, checks
+[{name, passed, detail}], max_abs_err, rel_err, tol_ratio, trials (per input variant, per
+output), timing (GPU only), notes and the candidate's stderr tail.
 Files only cross the process boundary through torch.load(weights_only=True), so neither child
 can run code in this process.
 """
