@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> None:
         if value is not None:
             os.environ[env] = str(value)
 
-    from mtmc.ui.layout import auth_from_env, build_app, launch_options
+    from mtmc.ui.layout import build_app, launch_options
+    from mtmc.ui.settings import auth_from_env
     options = launch_options(auth_from_env())
     build_app().queue().launch(server_name=args.host, server_port=args.port, **options)
 

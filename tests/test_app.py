@@ -177,7 +177,7 @@ def test_uploads_are_checked_without_running_them(tmp_path):
 
 
 def test_login_comes_from_the_environment_and_leaves_it(monkeypatch):
-    from mtmc.ui.layout import auth_from_env
+    from mtmc.ui.settings import auth_from_env
     monkeypatch.setenv("MTMC_AUTH", "ann:pw1,bob:pw:2")
     assert auth_from_env() == [("ann", "pw1"), ("bob", "pw:2")]
     assert "MTMC_AUTH" not in os.environ     # sandboxed children inherit MTMC_* variables
@@ -254,6 +254,8 @@ def test_missing_parts_are_said_in_words_and_the_rest_keeps_working(monkeypatch)
 
 
 # -- the launched app -----------------------------------------------------------------------------
+# One app for the tests below, which run in file order as a user would: the request, then its
+# follow-up and why-questions in the same conversation, then an upload, history and settings.
 AUTH = ("tester", "s3cret")
 
 
@@ -266,7 +268,7 @@ def app_home(tmp_path_factory):
 def app_url(app_home):
     from mtmc.ui.process import running_app
     env = {"MTMC_HOME": str(app_home), "MTMC_MAX_STEPS": "1", "MTMC_AUTH": ":".join(AUTH)}
-    with running_app(env, log=app_home / "app.log") as url:
+    with running_app(env, log=app_home / "app.log", flags=False) as url:   # GRADIO_SERVER_NAME / _PORT
         yield url
 
 
@@ -362,18 +364,17 @@ def test_a_new_conversation_has_nothing_to_explain(app_url):
     assert "nothing to explain yet" in _text(_last(_ask(fresh, "why step 1?"), "chat")[-1])
 
 
-def test_only_artifacts_are_served_as_files(app_url, app_home):
-    import http.cookiejar
-    import urllib.parse
-    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
-    browser.open(app_url + "login", data=urllib.parse.urlencode(dict(zip(("username", "password"), AUTH))).encode())
-    kernel = next((app_home / "artifacts").glob("*.py"))     # written by the runs above
-    assert browser.open(app_url + "gradio_api/file=" + str(kernel)).status == 200
-    for secret in (app_home / "checkpoints.sqlite", Path(__file__).resolve(), Path("/etc/passwd"),
-                   kernel.parent / ".." / "checkpoints.sqlite"):
-        with pytest.raises(urllib.error.HTTPError) as err:
-            browser.open(app_url + "gradio_api/file=" + str(secret))
-        assert err.value.code == 403, secret
+def test_only_artifacts_are_served_and_big_uploads_are_refused(app_url, app_home):
+    import httpx
+    with httpx.Client(base_url=app_url) as browser:
+        assert browser.post("login", data=dict(zip(("username", "password"), AUTH))).status_code == 200
+        kernel = next((app_home / "artifacts").glob("*.py"))     # written by the runs above
+        assert browser.get(f"gradio_api/file={kernel}").status_code == 200
+        for secret in (app_home / "checkpoints.sqlite", Path(__file__).resolve(), Path("/etc/passwd"),
+                       kernel.parent / ".." / "checkpoints.sqlite"):
+            assert browser.get(f"gradio_api/file={secret}").status_code == 403, secret
+        big = browser.post("gradio_api/upload", files={"files": ("big.py", b"#" * (MAX_UPLOAD_BYTES + 1))})
+        assert big.status_code == 413
 
 
 def test_uploads_that_are_not_modules_get_a_clear_answer(client, tmp_path):
@@ -382,6 +383,12 @@ def test_uploads_that_are_not_modules_get_a_clear_answer(client, tmp_path):
     chat = _last(_ask(client, "", [notes]), "chat")
     assert chat[-2]["content"] and "notes.py" in _text(chat[-2])
     assert "not in the benchmark format" in _text(chat[-1])
+    (tmp_path / "notes.txt").write_text("class Model: pass")
+    with pytest.raises(Exception, match="Invalid file type"):    # the server takes .py only
+        _ask(client, "", [tmp_path / "notes.txt"])
+    (tmp_path / "huge.py").write_text("#" * (MAX_UPLOAD_BYTES + 1))
+    with pytest.raises(Exception, match="maximum file size"):
+        _ask(client, "", [tmp_path / "huge.py"])
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ TITLE = "MTMC Kernel Agent"
 INTRO = ("Ask for a kernel in words (*softmax over the rows of a 4096x8192 fp16 tensor*), upload a "
          "PyTorch module (`class Model`, `get_inputs()`, `get_init_inputs()`) with the paperclip, "
          "then follow up (*use bf16*, *try it for 16384 columns*) or ask *why step 1?*")
+ROOFLINE_PLACEHOLDER = "<p>The roofline appears when a run finishes.</p>"
 RUN_CONCURRENCY = 16   # sessions streaming at once; the runs themselves go one at a time (RunQueue)
 
 
@@ -46,7 +47,7 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
                                             caption="PyTorch eager and torch.compile are timed on a GPU only",
                                             x_title="step", y_title="ms", elem_id="times",
                                             value=_empty(TIME_COLUMNS))
-                        roofline = gr.HTML("<p>The roofline appears when a run finishes.</p>", elem_id="roofline")
+                        roofline = gr.HTML(ROOFLINE_PLACEHOLDER, elem_id="roofline")
             with gr.Tab("History", id="history"):
                 with gr.Row():
                     query = gr.Textbox(label="Search past optimizations", placeholder="e.g. softmax fp16 on H200",
@@ -56,7 +57,7 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
                 table = gr.Dataframe(headers=history.COLUMNS, interactive=False, elem_id="history-table")
                 pick = gr.Dropdown(label="Open", choices=[], elem_id="history-pick")
                 with gr.Row():
-                    past_chat = gr.Chatbot(label="Steps", height=480)
+                    past_chat = gr.Chatbot(label="Steps", height=480, group_consecutive_messages=False)
                     past_code = gr.Code(label="Kernel", language="python", interactive=False)
             with gr.Tab("Settings", id="settings"):
                 status = gr.Markdown(_status(defaults), elem_id="status")
@@ -81,9 +82,12 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
         box.submit(respond, [box, conversation, thread, settings],
                    [chatbot, conversation, thread, box, code, download, times, roofline, report],
                    api_name="chat", concurrency_limit=RUN_CONCURRENCY)
-        new.click(lambda: ([], [], "", None, None, _empty(TIME_COLUMNS), "", _empty(REPORT_COLUMNS)),
-                  None, [chatbot, conversation, thread, code, download, times, roofline, report],
-                  api_name="new_conversation")
+        def fresh():   # a new thread: follow-ups and why-questions start over
+            return [], [], "", None, None, _empty(TIME_COLUMNS), ROOFLINE_PLACEHOLDER, _empty(REPORT_COLUMNS)
+
+        cleared = [chatbot, conversation, thread, code, download, times, roofline, report]
+        new.click(fresh, None, cleared, api_name="new_conversation")
+        chatbot.clear(fresh, None, cleared, api_name=False)
 
         def save_settings(tgt, steps, url, mdl, key):
             prefs = Settings(target=tgt, max_steps=int(steps), llm_base_url=url or "", llm_model=mdl or "",
@@ -117,14 +121,3 @@ def launch_options(auth: list[tuple[str, str]] | None) -> dict:
     return {"allowed_paths": [str(artifacts_dir())], "max_file_size": MAX_UPLOAD_BYTES,
             "auth": auth or None, "auth_message": "MTMC Kernel Agent: sign in" if auth else None}
 
-
-def auth_from_env() -> list[tuple[str, str]] | None:
-    """MTMC_AUTH="user:pass[,user2:pass2]" turns on login.  The variable is removed from the
-    environment once read: the sandbox passes MTMC_* variables on to the child processes that
-    run uploaded code, and they must not see it."""
-    import os
-    raw = os.environ.pop("MTMC_AUTH", "")
-    pairs = [tuple(p.split(":", 1)) for p in raw.split(",") if ":" in p]
-    if raw and not pairs:
-        raise ValueError('MTMC_AUTH must look like "user:password" (several separated by commas)')
-    return pairs or None

@@ -21,12 +21,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(env: dict[str, str], args: list[str] = (), startup_s: float = 120.0, log: Path | None = None):
-    """Yields the app's URL; the app gets os.environ updated with `env`; stopped on exit."""
+def running_app(env: dict[str, str], args: list[str] = (), startup_s: float = 120.0, log: Path | None = None,
+                flags: bool = True):
+    """Yields the app's URL; the app gets os.environ updated with `env`; stopped on exit.  The
+    address goes in as --host / --port, or with flags=False as Gradio's GRADIO_SERVER_* variables."""
     port = free_port()
     out = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), *args],
-                            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    if flags:
+        args = ["--host", "127.0.0.1", "--port", str(port), *args]
+    else:
+        env = {**env, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, str(APP), *args], env={**os.environ, **env},
+                            stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + startup_s

@@ -71,3 +71,14 @@ def status_markdown(settings: Settings, parts: dict[str, str]) -> str:
              f"- {llm_status(settings)}"]
     lines += [f"- {name}: {state}" for name, state in parts.items()]
     return "\n".join(lines)
+
+
+def auth_from_env() -> list[tuple[str, str]] | None:
+    """MTMC_AUTH="user:pass[,user2:pass2]" turns on login.  The variable is removed from the
+    environment once read: the sandbox passes MTMC_* variables on to the child processes that
+    run uploaded code, and they must not see it."""
+    raw = os.environ.pop("MTMC_AUTH", "")
+    pairs = [tuple(p.split(":", 1)) for p in raw.split(",") if ":" in p]
+    if raw and not pairs:
+        raise ValueError('MTMC_AUTH must look like "user:password" (several separated by commas)')
+    return pairs or None
