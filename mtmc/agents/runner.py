@@ -13,6 +13,10 @@ def print_event(ev: dict, out) -> None:
         print(f"spec: {ev['description']}", file=out)
         for a in ev.get("assumptions", []):
             print(f"  assumption: {a}", file=out)
+    elif kind == "retrieved":
+        found = ", ".join(f"{h['id']}{' (stale)' if h.get('stale') else ''}" for h in ev.get("histories", []))
+        print(f"memory: {ev.get('count', 0)} similar past run(s) on {ev.get('gpu')}" + (f": {found}" if found else "")
+              + (f" ({ev['note']})" if ev.get("note") and not found else ""), file=out)
     elif kind == "plan":
         print(f"[plan]   {decision_line(ev)}", file=out)
     elif kind == "code":
