@@ -23,15 +23,6 @@ from mtmc.kernels.spec import KernelSpec
 
 REDUCE_BLOCK = 1024    # elements per program of the split-K reduction
 
-# Local bounds on |d step / d x| (how an error in x grows through a step), as torch expressions
-# of the pre-step value x, the error scale s, the operand y and the step's value v.  Steps not
-# listed have slope at most 1 (relu, tanh, clamps, shifts, adds, max/min ...).
-_ERROR_GAIN = {
-    "gelu": "1.13 * s", "gelu_tanh": "1.13 * s", "silu": "1.1 * s", "sigmoid": "0.25 * s",
-    "exp": "torch.exp(x) * s", "square": "(2 * x.abs() + s) * s",
-    "scale": "abs({v}) * s", "leaky_relu": "max(1.0, abs({v})) * s", "mul": "s * {y}.abs()",
-}
-
 GROUPED_TILE_SOURCE = '''
 @triton.jit
 def grouped_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
@@ -141,7 +132,7 @@ class MatmulFamily(Family):
         scale = [signature("error_scale", args), f"    x = torch.matmul(a, {b})",
                  f"    s = torch.matmul(a.abs(), {b}.abs())"]
         for i, (step, line) in enumerate(zip(epi, step_lines(epi, "x", names, pointwise.torch_expr))):
-            gain = _ERROR_GAIN.get(step["op"])
+            gain = pointwise.ERROR_GAIN.get(step["op"])
             if gain:
                 scale.append("    s = " + gain.format(v=step.get("value"), y=names.get(i)))
             scale.append("    " + line)
