@@ -6,14 +6,11 @@ import sys
 
 from mtmc.agents.context import Context
 from mtmc.agents.runner import print_event, run_request, summary_json
-from mtmc.tools.hardware import resolve
+from mtmc.commands import known_target
 
 
 def cmd_generate(args) -> int:
-    try:
-        resolve(args.target)
-    except ValueError as exc:
-        print(f"mtmc: {exc}", file=sys.stderr)
+    if not known_target(args.target):
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, out_path=args.out, timeout_s=args.timeout)
     log = sys.stderr if args.json else sys.stdout

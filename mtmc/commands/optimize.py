@@ -7,7 +7,7 @@ import sys
 from mtmc.agents.context import Context
 from mtmc.agents.module_flow import optimize_module
 from mtmc.agents.runner import print_event
-from mtmc.tools.hardware import resolve
+from mtmc.commands import known_target
 
 
 def print_module_event(ev: dict, out) -> None:
@@ -42,10 +42,7 @@ def print_module_event(ev: dict, out) -> None:
 
 
 def cmd_optimize(args) -> int:
-    try:
-        resolve(args.target)
-    except ValueError as exc:
-        print(f"mtmc: {exc}", file=sys.stderr)
+    if not known_target(args.target):
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout)
     log = sys.stderr if args.json else sys.stdout
