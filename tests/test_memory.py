@@ -237,7 +237,9 @@ from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request
 events = []
 state = run_request("relu on a 1000x1000 fp32 tensor", Context(target="h200", max_steps=0), on_event=events.append)
-print(json.dumps({"events": events, "message": state["message"], "status": state["status"],
+again = []  # a near spec, still without chromadb: the log alone finds the first history
+run_request("relu on a 1000x1100 fp32 tensor", Context(target="h200", max_steps=0), on_event=again.append)
+print(json.dumps({"events": events, "again": again, "message": state["message"], "status": state["status"],
                   "chromadb": "chromadb" in sys.modules and sys.modules["chromadb"] is not None}, default=str))
 """
 
@@ -252,8 +254,12 @@ def test_without_chromadb_the_run_still_logs_its_history():
     assert "log only" in out["message"]
     record_id = re.search(r"stored as history (\S+)", out["message"]).group(1)
     store = Store()
+    found = next(e for e in out["again"] if e["event"] == "retrieved")
+    assert found["histories"][0]["id"] == record_id and "from the log" in found["note"]
+    warm = next(e for e in out["again"] if e["event"] == "code")
+    assert warm["origin"] == "memory" and warm["history"]["warm_start"] == record_id, warm
     assert store.get(record_id) is not None and store.search("relu", k=3) == []
-    assert store.rebuild() == 1 and store.search("relu", k=3)[0]["id"] == record_id
+    assert store.rebuild() == 2 and record_id in [h["id"] for h in store.search("relu", k=3)]
 
 
 # -- use in the graph -------------------------------------------------------------------------------

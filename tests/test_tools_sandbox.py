@@ -91,6 +91,9 @@ def test_secrets_do_not_reach_the_child(monkeypatch):
     env = child_env({"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x", "TRITON_CACHE_DIR": "/c", "SHELL": "sh"})
     assert set(env) >= {"PATH", "TRITON_CACHE_DIR", "PYTHONPATH"}
     assert "AWS_SECRET_ACCESS_KEY" not in env and "SHELL" not in env
+    # OpenMP in a memory-capped child on a 16-core host failed to start its threads (H200 run)
+    assert 1 <= int(env["OMP_NUM_THREADS"]) <= 4
+    assert child_env({"PATH": "/bin", "OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "2"
 
 
 def test_candidate_prints_do_not_corrupt_the_result():

@@ -262,26 +262,14 @@ def test_gpu_speed_beyond_the_roofline_is_caught():
 
 
 @pytest.mark.gpu
-def test_gpu_illegal_memory_access_is_contained(scale_relu_gpu, tmp_path):
-    bad = tmp_path / "illegal_address.py"
-    bad.write_text(
-        "import torch, triton, triton.language as tl\n"
-        "@triton.jit\n"
-        "def k(p):\n"
-        "    tl.store(p + (1 << 40), 1.0)\n"
-        "class ModelNew(torch.nn.Module):\n"
-        "    def __init__(self, n):\n"
-        "        super().__init__()\n"
-        "        self.weight = torch.nn.Parameter(torch.empty(n))\n"
-        "        self.bias = torch.nn.Parameter(torch.empty(n))\n"
-        "    def forward(self, x):\n"
-        "        k[(1,)](x)\n"
-        "        torch.cuda.synchronize()\n"
-        "        return x.clone()\n")
-    v = check_candidate(scale_relu_gpu, str(bad), TIMEOUT_S)
+def test_gpu_illegal_memory_access_is_contained(scale_relu_gpu, capsys):
+    v = check_candidate(scale_relu_gpu, path("cheat_illegal_address"), TIMEOUT_S)
     assert v["outcome"] == "crashed" and not v["accepted"]
     assert "runs" in failed(v)
     assert check_candidate(scale_relu_gpu, path("honest_scale_relu"), TIMEOUT_S)["accepted"]  # still serving
+    # the command line gives the same verdict and exit code, and says what happened
+    assert main(["verify", path("ref_scale_relu"), path("cheat_illegal_address")]) == 1
+    assert "CRASHED" in capsys.readouterr().out
 
 
 # -- one catalog kernel through the same checks -----------------------------------------------

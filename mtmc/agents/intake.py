@@ -35,11 +35,11 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
 def retrieve(state: State, runtime: Runtime[Context]) -> dict:
     """Similar past optimizations on the target GPU, nearest spec first (light summaries)."""
     gpu = resolve(runtime.context.target).name
-    try:
-        retrieved = Store().similar(state["spec"], gpu, k=3)
-        note = f"{len(retrieved)} similar past histories on {gpu}"
-    except MemoryUnavailable as exc:
-        retrieved, note = [], f"no histories: memory index unavailable ({exc})"
+    store = Store()
+    retrieved = store.similar(state["spec"], gpu, k=3)
+    note = f"{len(retrieved)} similar past histories on {gpu}"
+    if store.index_note:  # Chroma unusable here: the log was ranked by shape, dtype and op alone
+        note += f" (from the log by shape, dtype and op; memory index unavailable: {store.index_note})"
     emit("retrieved", count=len(retrieved), gpu=gpu, note=note,
          histories=[{k: h[k] for k in ("id", "description", "final_config", "stale", "score")} for h in retrieved])
     return {"retrieved": retrieved}

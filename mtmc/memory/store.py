@@ -26,7 +26,7 @@ class Store:
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root) if root else home() / "memory"
         self.log = HistoryLog(self.root / "histories.jsonl")
-        self.index_note: str | None = None  # why the last add reached the log only
+        self.index_note: str | None = None  # why the last add (or similar) did without the index
 
     def index(self) -> HistoryIndex:
         """The Chroma index, current with the log; MemoryUnavailable where it cannot be opened."""
@@ -95,8 +95,14 @@ class Store:
         """Past histories for the same op family on the same GPU, nearest spec first.  Metadata
         filters select the family, GPU and size class; the shape distance computed from the
         metadata keeps the POOL nearest shapes (so the nearest is never lost); the embedding of
-        the spec's description adds its distance; the sum orders them."""
-        index = self.index()
+        the spec's description adds its distance; the sum orders them.  Where Chroma cannot be
+        used (not installed, as on a bare GPU box; server down) the structured distance alone
+        ranks the log's records, and each hit says so ("distance": None)."""
+        try:
+            index = self.index()
+        except MemoryUnavailable as exc:
+            self.index_note = str(exc)
+            return self._similar_from_log(spec, gpu, k)
         base = [{"family": spec["family"]}, {"gpu": gpu}]
         bucket = shape_bucket(spec["dims"])
         near = base + [{"shape_bucket": {"$gte": bucket - BUCKET_SPAN}},
@@ -111,6 +117,13 @@ class Store:
         hits = index.query(describe_spec(spec), None, len(pool), ids=pool)
         ranked = sorted(hits, key=lambda h: structured[h[0]] + h[1])[:k]
         return [{**s, "score": round(structured[s["id"]] + s["distance"], 4)} for s in self._summaries(ranked, gpu)]
+
+    def _similar_from_log(self, spec: dict, gpu: str, k: int) -> list[dict]:
+        metas = {r.id: r.metadata() for r in self.records()}
+        structured = {i: _structured(spec, m) for i, m in metas.items()
+                      if m["family"] == spec["family"] and m["gpu"] == gpu}
+        ranked = sorted(structured, key=structured.get)[:k]
+        return [{**self.get(i).summary(gpu), "distance": None, "score": round(structured[i], 4)} for i in ranked]
 
     def _summaries(self, hits: list[tuple[str, float]], gpu: str | None) -> list[dict]:
         out = []

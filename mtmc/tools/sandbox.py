@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"}
+_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+         "OMP_NUM_THREADS"}
 _KEEP_PREFIXES = ("TRITON_", "CUDA_", "MTMC_", "TORCHINDUCTOR_")
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PROXY", re.I)
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -37,6 +38,9 @@ def child_env(base: dict | None = None, interpret: bool | None = None) -> dict:
     # The worker must import this package even when it is not installed.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    # A memory-capped child on a many-core host cannot reserve a thread (stack, malloc arena)
+    # per core: OpenMP then aborts at start ("libgomp: Thread creation failed").
+    env.setdefault("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1)))
     if interpret is True:
         env["TRITON_INTERPRET"] = "1"
     elif interpret is False:

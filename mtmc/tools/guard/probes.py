@@ -186,7 +186,9 @@ class StreamWatch:
         watch = self
 
         def counting_new(cls, *args, **kwargs):
-            watch.created += 1
+            # current_stream() and friends wrap an existing stream (stream_id=...): not a new one
+            if "stream_id" not in kwargs:
+                watch.created += 1
             return original(cls, *args, **kwargs)
         torch.cuda.Stream.__new__ = staticmethod(counting_new)
 
