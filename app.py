@@ -1,7 +1,8 @@
 """`python app.py`: the MTMC Kernel Agent chat on 127.0.0.1:7860.
 
 Host and port follow Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, or --host / --port.
-MTMC_AUTH="user:pass" turns on login; MTMC_MAX_STEPS and MTMC_TARGET set the run defaults.
+MTMC_AUTH="user:pass" turns on login; MTMC_MAX_STEPS and MTMC_TARGET set the run defaults;
+MTMC_LLM_BASE_URL, MTMC_LLM_MODEL (and MTMC_LLM_API_KEY) preset the LLM that writes why-answers.
 """
 from __future__ import annotations
 

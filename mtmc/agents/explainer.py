@@ -2,14 +2,18 @@
 probabilities, reason), the hardware limits that bound it, what was measured or only estimated,
 and similar past histories from memory.
 
-Works on a final graph state or on a stored history (HistoryRecord.as_state()).  Without an LLM
-the answer is structured plain text built from the records only; `llm` is accepted so a chat
-model can later phrase the same facts.
+Works on a final graph state or on a stored history (HistoryRecord.as_state()).  The records
+become a fact sheet in plain text; without an LLM that is the answer.  With one (`llm`, a chat
+model from mtmc.agents.llm) the model writes prose from the fact sheet alone, and the answer is
+that prose, a warning if it quotes numbers the facts do not hold, then the fact sheet itself so
+every claim can be checked.  If the model cannot be used, the answer is the fact sheet with a
+one-line note saying why.
 """
 from __future__ import annotations
 
 import re
 
+from mtmc.agents.llm import LLMFailure, ask, endpoint
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import MemoryUnavailable, Store
@@ -21,8 +25,33 @@ _STOP = re.compile(r"\b(stop|stopped|stopping|finish|finished|end|ended|halt)\b"
 _FUSE = re.compile(r"\bfus(e|ed|ion|ing)\b", re.I)
 
 
+SYSTEM = """You explain the decisions of a GPU kernel optimizer (a planner that turns one knob per step,
+a coder, a verifier that compiles, checks and times each draft) to the engineer who asked.
+Answer the question in one to three short paragraphs of plain prose, from the facts you are given
+and nothing else. Do not invent numbers, alternatives, reasons, hardware figures or past runs:
+quote every number exactly as the facts write it, and say which times were measured and which
+only estimated. If the facts do not answer the question, say so in one sentence. No headings,
+no lists, no code."""
+FACTS_HEAD = "Facts from the run's records (what the answer above was written from):"
+
+
 def explain(question: str, state: dict, store: Store | None = None, llm=None) -> str:
-    """A plain-text answer to `question` about the run in `state` (see the module doc)."""
+    """The answer to `question` about the run in `state` (see the module doc)."""
+    kind, facts = _facts(question, state, store)
+    if llm is None or kind == "none":   # nothing recorded to phrase: the facts say so already
+        return facts
+    try:
+        prose = ask(llm, SYSTEM, f"Question: {question}\n\nFacts:\n{facts}")
+    except LLMFailure as exc:
+        return f"(The LLM at {endpoint(llm)} could not be used: {exc}. The answer below is built from the records only.)\n\n{facts}"
+    unknown = unsupported_numbers(prose, facts + "\n" + question)
+    warning = (f"\n\nCheck: the text above quotes numbers that are not in the facts below "
+               f"({', '.join(unknown[:8])}); trust the facts." if unknown else "")
+    return f"{prose}{warning}\n\n---\n{FACTS_HEAD}\n\n{facts}"
+
+
+def _facts(question: str, state: dict, store: Store | None) -> tuple[str, str]:
+    """(what the question is about, the fact sheet in plain text)."""
     spec = KernelSpec.from_dict(state["spec"])
     kind, target, lines = _subject(question, state)
     hw = _profile(state, target)
@@ -39,7 +68,35 @@ def explain(question: str, state: dict, store: Store | None = None, llm=None) ->
     elif kind == "fuse":
         lines += _fusion(spec, state)
     lines += _similar(spec, hw.name, state.get("history_id"), store)
-    return "\n".join(lines)
+    return kind, "\n".join(lines)
+
+
+# -- checking the prose against the facts -------------------------------------------------------
+_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(%?)")
+_ANY_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def unsupported_numbers(text: str, facts: str) -> list[str]:
+    """Numbers in `text` that no number in `facts` rounds to (at the precision `text` writes
+    them; a percentage may also be a fraction in the facts).  Small whole numbers (0-10) are
+    let through: prose counts things ("two alternatives") that the facts list one by one."""
+    known = [float(x) for x in _ANY_NUMBER.findall(facts)]
+    out = []
+    for m in _NUMBER.finditer(text):
+        raw, pct = m.group(1), m.group(2)
+        value = float(raw)
+        if "." not in raw and "e" not in raw.lower() and value <= 10:
+            continue
+        decimals = len(raw.split(".")[1].lower().split("e")[0]) if "." in raw else 0
+        tol = 0.5 * 10 ** -decimals + 1e-12
+        if "e" in raw.lower():
+            tol = abs(value) * 0.05
+        hit = any(abs(k - value) <= tol for k in known)
+        if pct and not hit:
+            hit = any(abs(k * 100 - value) <= tol for k in known)
+        if not hit and raw + pct not in out:
+            out.append(raw + pct)
+    return out
 
 
 # -- which decision the question is about -------------------------------------------------------

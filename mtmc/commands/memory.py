@@ -1,9 +1,11 @@
-"""`mtmc memory search|show|rebuild`: the stored optimization histories."""
+"""`mtmc memory search|show|why|rebuild`: the stored optimization histories."""
 from __future__ import annotations
 
 import json
 import sys
 
+from mtmc.agents.explainer import explain
+from mtmc.agents.llm import LLMFailure, from_env
 from mtmc.agents.report import decision_line, verdict_line
 from mtmc.memory import MemoryUnavailable, Store
 from mtmc.tools.hardware import get_profile
@@ -38,10 +40,16 @@ def cmd_search(args) -> int:
     return 0
 
 
-def cmd_show(args) -> int:
-    rec = Store().get(args.id)
+def _record(store: Store, record_id: str):
+    rec = store.get(record_id)
     if rec is None:
-        print(f"mtmc: no history {args.id!r} (an id, or a prefix naming exactly one)", file=sys.stderr)
+        print(f"mtmc: no history {record_id!r} (an id, or a prefix naming exactly one)", file=sys.stderr)
+    return rec
+
+
+def cmd_show(args) -> int:
+    rec = _record(Store(), args.id)
+    if rec is None:
         return 1
     if args.json:
         print(json.dumps(rec.to_dict(), indent=2))
@@ -62,6 +70,20 @@ def cmd_show(args) -> int:
     speedups = ", ".join(f"{k} {v:.2f}x" for k, v in rec.speedups.items())
     print(f"  final config {rec.final_config} (step {rec.final_step}), {_time(s)}"
           + (f"; speedups: {speedups}" if speedups else ""))
+    return 0
+
+
+def cmd_why(args) -> int:
+    store = Store()
+    rec = _record(store, args.id)
+    if rec is None:
+        return 1
+    try:
+        llm = from_env()
+    except LLMFailure as exc:
+        print(f"mtmc: MTMC_LLM_BASE_URL is set but {exc}; answering from the records only", file=sys.stderr)
+        llm = None
+    print(explain(args.question, rec.as_state(), store, llm=llm))
     return 0
 
 
@@ -95,5 +117,10 @@ def register(sub) -> None:
     sh.add_argument("id", help="a history id, or a prefix naming exactly one")
     sh.add_argument("--json", action="store_true", help="print the whole record as JSON")
     sh.set_defaults(func=_guarded(cmd_show))
+    w = msub.add_parser("why", help="why a stored run made a decision: from its records (prose from an "
+                                    "LLM when MTMC_LLM_BASE_URL and MTMC_LLM_MODEL are set)")
+    w.add_argument("id", help="a history id, or a prefix naming exactly one")
+    w.add_argument("question", help='e.g. "why step 2?", "why BLOCK_N=4096?", "why did you stop?"')
+    w.set_defaults(func=_guarded(cmd_why))
     r = msub.add_parser("rebuild", help="drop the Chroma index and rebuild it from the log")
     r.set_defaults(func=_guarded(cmd_rebuild))

@@ -89,12 +89,13 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
         new.click(fresh, None, cleared, api_name="new_conversation")
         chatbot.clear(fresh, None, cleared, api_name=False)
 
-        def save_settings(tgt, steps, url, mdl, key):
+        def save_settings(tgt, steps, url, mdl, key, prev):
+            # The key box starts empty (a key is never sent to the page): empty keeps the key held.
             prefs = Settings(target=tgt, max_steps=int(steps), llm_base_url=url or "", llm_model=mdl or "",
-                             llm_api_key=key or "")
+                             llm_api_key=key or Settings.from_dict(prev).llm_api_key)
             return prefs.to_dict(), _status(prefs)
 
-        save.click(save_settings, [target, max_steps, base_url, model, api_key], [settings, status],
+        save.click(save_settings, [target, max_steps, base_url, model, api_key, settings], [settings, status],
                    api_name="save_settings")
         demo.load(lambda prefs: _status(Settings.from_dict(prefs)), settings, status, api_name=False)
 

@@ -88,15 +88,13 @@ def module_optimizer():
 
 # -- the optional LLM -----------------------------------------------------------------------------
 def build_llm(base_url: str, model: str, api_key: str = ""):
-    """An OpenAI-compatible chat model, or None when no endpoint is set (offline)."""
-    if not (base_url.strip() and model.strip()):
-        return None
+    """An OpenAI-compatible chat model (mtmc.agents.llm.build), or None when no endpoint is set
+    (offline); Unavailable when langchain-openai is missing."""
+    from mtmc.agents.llm import LLMFailure, build
     try:
-        from langchain_openai import ChatOpenAI
-    except ImportError as exc:
-        raise Unavailable(f"langchain-openai is not installed: {exc}") from exc
-    # Local servers (vLLM, Ollama) take any key; the client insists on one.
-    return ChatOpenAI(base_url=base_url.strip(), model=model.strip(), api_key=api_key or "none", timeout=60)
+        return build(base_url, model, api_key)
+    except LLMFailure as exc:
+        raise Unavailable(str(exc)) from exc
 
 
 def availability() -> dict[str, str]:

@@ -2,6 +2,7 @@
 status line that says what this machine can do."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import asdict, dataclass
 
@@ -20,12 +21,14 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> "Settings":
-        """The launch defaults: MTMC_MAX_STEPS, MTMC_TARGET, MTMC_LLM_BASE_URL, MTMC_LLM_MODEL."""
+        """The launch defaults: MTMC_MAX_STEPS, MTMC_TARGET, MTMC_LLM_BASE_URL, MTMC_LLM_MODEL,
+        MTMC_LLM_API_KEY."""
         steps = os.environ.get("MTMC_MAX_STEPS", "")
         return cls(target=os.environ.get("MTMC_TARGET", "auto"),
                    max_steps=int(steps) if steps.isdigit() else DEFAULT_MAX_STEPS,
                    llm_base_url=os.environ.get("MTMC_LLM_BASE_URL", ""),
-                   llm_model=os.environ.get("MTMC_LLM_MODEL", ""))
+                   llm_model=os.environ.get("MTMC_LLM_MODEL", ""),
+                   llm_api_key=os.environ.get("MTMC_LLM_API_KEY", ""))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,12 +56,16 @@ def gpu_status() -> str:
 
 
 def llm_status(settings: Settings) -> str:
-    # The agents take an optional chat model (Context.llm, explain(llm=)) but none phrases or
-    # writes with it yet; say so rather than imply an LLM is at work.
+    # Only the why-answers use the model; say exactly that, so nobody thinks it plans or codes.
     if not settings.llm_configured:
-        return "LLM: **offline** (deterministic parser, planner, coder and explainer)"
-    return (f"LLM: `{settings.llm_model}` at `{settings.llm_base_url}` is stored, but no agent uses "
-            f"an LLM yet: runs and answers stay in **offline** mode")
+        return ("LLM: **offline**: the parser, planner, coder and debugger are deterministic, and "
+                "why-answers are the structured facts from the run's records")
+    where = f"`{settings.llm_model}` at `{settings.llm_base_url}`"
+    if importlib.util.find_spec("langchain_openai") is None:
+        return f"LLM: {where} is set, but langchain-openai is not installed here: **offline**"
+    return (f"LLM: {where} writes the **why-answers** as prose from the run's recorded facts (shown "
+            f"under each answer; if it cannot be reached the answer says why and gives the facts); "
+            f"parsing, planning and coding stay deterministic")
 
 
 def status_markdown(settings: Settings, parts: dict[str, str]) -> str:
