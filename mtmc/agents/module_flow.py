@@ -1,7 +1,8 @@
 """Optimize an uploaded PyTorch module end to end (DESIGN.md, "Who uses it", 2).
 
   capture (child) -> partition -> the MTMC loop on each group -> assemble ModelNew -> check it
-  against Model (child) -> on a GPU: time it against eager and torch.compile -> report
+  against Model with the guard of `mtmc verify` (two children) -> on a GPU: time it against
+  eager and torch.compile -> report
 
 The upload is never imported here: capture, the check and the timing run in sandboxed children
 (timeout, memory limit, no network).  A bad upload (syntax error, missing get_inputs, an import
@@ -29,6 +30,7 @@ from mtmc.kernels.assemble import assemble
 from mtmc.kernels.capture import PHASES, last_phase
 from mtmc.kernels.fusion import Group, partition
 from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
 from mtmc.tools.sandbox import run_job
 from mtmc.tools.verify import gpu_available
 
@@ -103,7 +105,8 @@ def optimize_groups(groups: list[Group], ctx: Context, gpu: bool, on_event=None)
     """Run the MTMC loop on each group's spec (once per distinct spec); outcome per group id."""
     outcomes: dict[int, dict] = {}
     by_key: dict[str, int] = {}
-    group_ctx = dataclasses.replace(ctx, out_path=None)
+    # torch.compile is compared once for the whole module (module_time), not per group
+    group_ctx = dataclasses.replace(ctx, out_path=None, compile_baseline=False)
     for g in groups:
         spec = KernelSpec.from_dict(g.spec)
         if spec.key() in by_key:
@@ -138,18 +141,32 @@ def _kernels(groups: list[Group], outcomes: dict[int, dict], only: set[int] | No
     return chosen
 
 
-def check_in_child(path: str, gpu: bool, timeout_s: float, trials: int = 2) -> dict:
-    job = {"kind": "module_check", "path": os.path.abspath(path), "device": "cuda" if gpu else "cpu", "trials": trials}
-    result = run_job(job, timeout_s=timeout_s, memory_mb=None if gpu else MEMORY_MB, interpret=not gpu)
-    if result.get("status") == "ok":
-        return result["result"]
-    if result.get("status") == "timed_out":
-        if not gpu:  # the interpreter is slow, not wrong: each group's kernel passed its own check
-            return {"status": "skipped", "reason": f"the whole module did not finish within {timeout_s:g} s in "
-                    "Triton's interpreter; each group's kernel was checked on its own"}
-        return {"status": "failed", "reason": f"the module check did not finish within {timeout_s:g} s"}
-    detail = result.get("message") or result.get("detail") or ""
-    return {"status": "failed", "reason": f"ModelNew raised {result.get('error_type', 'an error')}: {detail[:600]}"}
+INTERPRETER_MAX_ELEMS = 1 << 20  # per input tensor in the interpreter's check: cut along the batch above
+
+
+def reference_run(upload: str, gpu: bool, timeout_s: float) -> ReferenceRun | dict:
+    """The trusted run of the upload's Model that every ModelNew version is checked against
+    (guard.run_reference, once per upload), or the check's result when none can be made."""
+    try:
+        return run_reference(upload, "cuda" if gpu else "cpu", timeout_s, None if gpu else MEMORY_MB,
+                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS)
+    except ReferenceFailed as e:  # capture ran Model, so this is randomness or size, not a broken upload
+        return {"status": "skipped", "reason": f"the whole module cannot be checked: {e}; each group's kernel "
+                "was checked on its own"}
+
+
+def check_in_child(path: str, ref: ReferenceRun | dict, timeout_s: float, pytorch_only: bool = False) -> dict:
+    """ModelNew at `path` through the same guard as `mtmc verify` (its own sandboxed child, fresh
+    inputs, poisoned memory, every cheat check), as {"status": "passed" | "failed" | "skipped",
+    "reason", "verdict"}."""
+    if isinstance(ref, dict):
+        return ref
+    v = check_candidate(ref, path, timeout_s, None if ref.device == "cuda" else MEMORY_MB)
+    if v["outcome"] == "timed out" and ref.device == "cpu":
+        # the interpreter is slow, not wrong: each group's kernel passed its own check
+        return {"status": "skipped", "reason": f"the whole module did not finish within {timeout_s:g} s in "
+                "Triton's interpreter; each group's kernel was checked on its own", "verdict": v}
+    return as_module_check(v, pytorch_only)
 
 
 def _write(path: Path, text: str) -> None:
@@ -157,34 +174,36 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def assemble_checked(source: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
+def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
                      gpu: bool, timeout_s: float, on_event=None) -> dict:
     """Write ModelNew with every kernel, check it; when the check fails, find the groups that
     break it (each checked alone), let them fall back, and write and check again."""
-    _write(out, assemble(source, captured, groups, _kernels(groups, outcomes)))
-    check = check_in_child(str(out), gpu, timeout_s)
-    _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
+    source = Path(upload).read_text()
+    ref = reference_run(upload, gpu, timeout_s)
+
+    def write_and_check(path: Path, kernels: dict, announce: bool = True) -> dict:
+        _write(path, assemble(source, captured, groups, kernels))
+        check = check_in_child(str(path), ref, timeout_s, pytorch_only=not kernels)
+        if announce:
+            _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
+        return check
+
+    check = write_and_check(out, _kernels(groups, outcomes))
     if check["status"] != "failed" or not _kernels(groups, outcomes):
         return check
     with tempfile.TemporaryDirectory(prefix="mtmc-isolate-") as tmp:
         for gid in list(_kernels(groups, outcomes)):
-            alone = Path(tmp) / f"group_{gid}.py"
-            _write(alone, assemble(source, captured, groups, _kernels(groups, outcomes, {gid})))
-            one = check_in_child(str(alone), gpu, timeout_s)
+            one = write_and_check(Path(tmp) / f"group_{gid}.py", _kernels(groups, outcomes, {gid}), announce=False)
             if one["status"] == "failed":
                 outcomes[gid].update(status="fallback", reason=f"breaks the module check: {one.get('reason', '')}")
                 _emit(on_event, "group_fallback", group=gid, reason=outcomes[gid]["reason"])
-    _write(out, assemble(source, captured, groups, _kernels(groups, outcomes)))
-    check = check_in_child(str(out), gpu, timeout_s)
-    _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
+    check = write_and_check(out, _kernels(groups, outcomes))
     if check["status"] == "failed" and _kernels(groups, outcomes):
         # together they still break it: write the all-PyTorch ModelNew rather than a wrong one
         for gid in _kernels(groups, outcomes):
             outcomes[gid].update(status="fallback", reason=f"the module check failed with it: {check.get('reason', '')}")
             _emit(on_event, "group_fallback", group=gid, reason=outcomes[gid]["reason"])
-        _write(out, assemble(source, captured, groups, {}))
-        check = check_in_child(str(out), gpu, timeout_s)
-        _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
+        check = write_and_check(out, {})
     return check
 
 
@@ -220,7 +239,7 @@ def optimize_module(path: str, ctx: Context, out_path: str, report_path: str | N
     gpu = gpu_available() if ctx.use_gpu is None else ctx.use_gpu
     outcomes = optimize_groups(part.groups, ctx, gpu, on_event)
     out = Path(out_path)
-    check = assemble_checked(source, captured, part.groups, outcomes, out, gpu, ctx.timeout_s, on_event)
+    check = assemble_checked(path, captured, part.groups, outcomes, out, gpu, ctx.timeout_s, on_event)
     timing = time_in_child(str(out), ctx.timeout_s) if gpu and check["status"] == "passed" else None
     if timing:
         _emit(on_event, "module_time", **timing)

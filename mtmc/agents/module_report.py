@@ -59,8 +59,7 @@ def markdown_report(s: dict) -> str:
     check = s["check"]
     lines += [f"**Whole-module check** ({check.get('device', 'cpu' if not s['gpu'] else 'cuda')}"
               f"{', Triton interpreter' if not s['gpu'] else ''}): {check['status']}: {check.get('reason', '')}"]
-    if check.get("scaled_down"):
-        lines.append(f"(inputs cut along the batch dim for the interpreter: {check.get('input_shapes')})")
+    lines += [f"- {n}" for n in (check.get("verdict") or {}).get("notes", [])]
     lines.append("")
     e2e = s.get("end_to_end")
     if e2e and e2e.get("measured"):

@@ -249,7 +249,7 @@ def trace_module(prefix: str, mod, args: list, path: str) -> tuple[dict, list[di
     import torch.fx as fx
     from torch.fx.passes.shape_prop import ShapeProp
 
-    from mtmc.kernels.fxjson import Unreproducible, encode_node
+    from mtmc.kernels.fxjson import Unreproducible, describe_value, encode_node
 
     leaves: dict[str, dict] = {}
     for _ in range(MAX_LEAVES + 1):
@@ -269,12 +269,14 @@ def trace_module(prefix: str, mod, args: list, path: str) -> tuple[dict, list[di
             raise Untraceable(f"{os.path.basename(path)} line {line}" if line else "",
                               "the forward builds a tensor constant while it runs")
     gm = fx.GraphModule(mod, graph)
-    values: dict[str, object] = {}
+    values: dict[str, dict] = {}
 
     class Recorder(ShapeProp):
         def run_node(self, n):
+            # keep only what each node produced in words (shape, dtype, small values): holding
+            # every intermediate tensor ran a full-size module out of memory in the capture child
             result = super().run_node(n)
-            values[n.name] = result
+            values[n.name] = describe_value(result)
             return result
 
     with torch.no_grad():

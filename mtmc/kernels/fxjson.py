@@ -139,7 +139,8 @@ def describe_value(v):
     return {"other": type(v).__name__}
 
 
-def encode_node(n: fx.Node, value) -> dict:
+def encode_node(n: fx.Node, value: dict | None) -> dict:
+    """A node as JSON; `value` is describe_value() of what it produced (None: not run)."""
     if n.op == "call_function":
         name = target_name(n.target)
         if resolve_target(name) is not n.target:
@@ -148,7 +149,7 @@ def encode_node(n: fx.Node, value) -> dict:
     else:
         target = str(n.target)
     return {"name": n.name, "op": n.op, "target": target, "args": encode_arg(tuple(n.args)),
-            "kwargs": encode_arg(dict(n.kwargs)), "value": describe_value(value)}
+            "kwargs": encode_arg(dict(n.kwargs)), "value": value if value is not None else describe_value(None)}
 
 
 def rebuild_graph(nodes: list[dict]) -> tuple[fx.Graph, dict[str, fx.Node]]:

@@ -34,9 +34,10 @@ def _ratio(base: float | None, ours: float) -> float | None:
     return base / ours if base is not None and ours > 0 else None
 
 
-def time_candidate(spec: KernelSpec, source: str, dims: dict | None = None, baselines: bool = True) -> dict:
-    """Median ms of the candidate (and of eager / torch.compile when `baselines`) at `dims`
-    (default: the spec's), with speedups and achieved GB/s and TFLOP/s."""
+def time_candidate(spec: KernelSpec, source: str, dims: dict | None = None, baselines: bool = True,
+                   compile_baseline: bool = True) -> dict:
+    """Median ms of the candidate (and of eager, and torch.compile unless not `compile_baseline`,
+    when `baselines`) at `dims` (default: the spec's), with speedups and achieved GB/s and TFLOP/s."""
     import torch
     from mtmc.kernels.catalog import family_of
     from mtmc.kernels.loader import load_source, make_inputs
@@ -56,7 +57,8 @@ def time_candidate(spec: KernelSpec, source: str, dims: dict | None = None, base
     if baselines:
         reference = reference_namespace(timed)["reference"]
         result["eager_ms"] = bench_ms(lambda: reference(*inputs))
-        result["compiled_ms"], result["compiled_note"] = _compiled_ms(reference, inputs)
+        if compile_baseline:
+            result["compiled_ms"], result["compiled_note"] = _compiled_ms(reference, inputs)
         result["speedup_vs_eager"] = _ratio(result["eager_ms"], ours)
         result["speedup_vs_compiled"] = _ratio(result["compiled_ms"], ours)
     flops, nbytes = family_of(timed).work(timed)

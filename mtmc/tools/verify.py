@@ -37,12 +37,13 @@ def _prod(shape) -> int:
 
 
 def build_job(spec: KernelSpec, source: str, config: dict, profile: HardwareProfile, gpu: bool,
-              baselines: bool) -> dict:
+              baselines: bool, compile_baseline: bool = True) -> dict:
     check_dims = spec.dims if gpu else family_of(spec).check_dims(spec, config)
     compile_dims = spec.dims if _numel(spec, spec.dims) <= COMPILE_NUMEL_LIMIT else check_dims
     return {"kind": "verify", "spec": spec.to_dict(), "source": source, "dims": check_dims,
             "device": "cuda" if gpu else "cpu", "trials": 2, "target": profile.name,
-            "compile_dims": compile_dims, "time_dims": spec.dims, "baselines": baselines}
+            "compile_dims": compile_dims, "time_dims": spec.dims, "baselines": baselines,
+            "compile_baseline": compile_baseline}
 
 
 def _failure(stage: str, kind: str, detail: str, **parts) -> dict:
@@ -108,8 +109,8 @@ def _run_cpu(job: dict, timeout_s: float) -> dict:
 
 
 def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareProfile, *, gpu: bool,
-                 timeout_s: float = 240.0, baselines: bool = True) -> dict:
-    job = build_job(spec, source, config, profile, gpu, baselines)
+                 timeout_s: float = 240.0, baselines: bool = True, compile_baseline: bool = True) -> dict:
+    job = build_job(spec, source, config, profile, gpu, baselines, compile_baseline)
     result = run_job(job, timeout_s=timeout_s, interpret=False) if gpu else _run_cpu(job, timeout_s)
     verdict = interpret(result, spec, config, profile)
     verdict["stderr_tail"] = (result.get("stderr_tail") or "")[-1500:] if not verdict["ok"] else ""

@@ -79,7 +79,8 @@ def do_check(job: dict) -> dict:
 def do_time(job: dict, dims: dict | None = None) -> dict:
     """Timing runs at the real shape: `dims` when given, else the spec's."""
     from mtmc.tools.timing import time_candidate
-    return time_candidate(_spec(job), job["source"], dims, bool(job.get("baselines", True)))
+    return time_candidate(_spec(job), job["source"], dims, bool(job.get("baselines", True)),
+                          bool(job.get("compile_baseline", True)))
 
 
 def _gpu_present() -> bool:
@@ -114,7 +115,7 @@ def do_ping(job: dict) -> dict:
 
 
 def _module_job(module: str, name: str):
-    """A handler of a whole-module job (capture, module_check, module_time), imported only when
+    """A handler of a whole-module job (capture, module_time, reference_run, candidate_run), imported only when
     such a job runs."""
     def handler(job: dict) -> dict:
         import importlib
@@ -125,7 +126,6 @@ def _module_job(module: str, name: str):
 HANDLERS = {"compile": do_compile, "check": do_check, "time": lambda job: do_time(job, job.get("dims")),
             "verify": do_verify, "ping": do_ping,
             "capture": _module_job("mtmc.kernels.capture", "capture_job"),
-            "module_check": _module_job("mtmc.tools.module_check", "check_job"),
             "module_time": _module_job("mtmc.tools.module_time", "time_job"),
             "reference_run": _module_job("mtmc.tools.guard.reference", "reference_job"),
             "candidate_run": _module_job("mtmc.tools.guard.candidate", "candidate_job")}

@@ -3,6 +3,8 @@ a norm that can."""
 import torch
 import torch.nn as nn
 
+rows, dim = 6, 24
+
 
 class Gate(nn.Module):
     def forward(self, x):
@@ -25,8 +27,8 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(6, 24)]
+    return [torch.randn(rows, dim)]
 
 
 def get_init_inputs():
-    return [24]
+    return [dim]

@@ -3,6 +3,8 @@ and a norm with a residual) are captured and optimized one by one."""
 import torch
 import torch.nn as nn
 
+rows, dim = 10, 16
+
 
 class Mlp(nn.Module):
     def __init__(self, dim):
@@ -28,8 +30,8 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(10, 16)]
+    return [torch.randn(rows, dim)]
 
 
 def get_init_inputs():
-    return [16]
+    return [dim]

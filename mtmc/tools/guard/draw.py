@@ -68,3 +68,14 @@ def draw_inputs(get_inputs, variant: str) -> tuple[list, int]:
     template = list(get_inputs())
     gen = torch.Generator().manual_seed(fresh_seed())
     return tree_map(lambda t: vary(t, variant, gen), template), seed
+
+
+def shrink(inputs: list, max_elems: int) -> tuple[list, bool]:
+    """Inputs cut along dim 0 so that none has more than max_elems elements (Triton's
+    interpreter is slow; a smaller batch exercises the same kernels).  (inputs, whether cut)."""
+    import torch
+    big = [x for x in inputs if isinstance(x, torch.Tensor) and x.numel() > max_elems and x.dim() > 0]
+    if not big:
+        return inputs, False
+    rows = min(max(1, x.shape[0] * max_elems // x.numel()) for x in big)
+    return [x[:rows].clone() if isinstance(x, torch.Tensor) and x.dim() > 0 else x for x in inputs], True

@@ -2,7 +2,7 @@
 child (the reference is uploaded code too, and the candidate never shares a process with it).
 
   {"kind": "reference_run", "path": REFERENCE.py, "dir": private directory, "device": "cpu"|"cuda",
-   "time": bool}
+   "time": bool, "max_elems": int | None (cut inputs along dim 0 to this size: for the interpreter)}
   -> {"variants", "notes", "ops" (aten compute ops of one eager forward), "float64" (whether
       the float64 ground truth could be computed), "eager_ms" (GPU only), "outputs"}
 
@@ -19,7 +19,7 @@ import copy
 import os
 from pathlib import Path
 
-from mtmc.tools.guard.draw import VARIANTS, draw_inputs, fresh_seed, seed_everything
+from mtmc.tools.guard.draw import VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
 
 
 def outputs_of(result) -> list:
@@ -106,17 +106,28 @@ def reference_job(job: dict) -> dict:
     trials, notes, ops = [], [], None
     if mode == "eval":
         notes.append("Model is random in training mode (dropout?): both are compared in eval mode")
-    for variant in VARIANTS:
+    max_elems = job.get("max_elems")
+
+    def draw(variant):
         inputs, _ = draw_inputs(module.get_inputs, variant)
+        return shrink(inputs, max_elems) if max_elems else (inputs, False)
+    for variant in VARIANTS:
+        inputs, cut = draw(variant)
         try:
             eager, counted = _eager(model, inputs, device)
         except Exception as e:
+            if cut:
+                raise ValueError("the inputs are too large for Triton's interpreter and Model rejects a smaller "
+                                 f"batch ({type(e).__name__}: {str(e)[:200]})") from e
             if variant == VARIANTS[0]:
                 raise
             notes.append(f"{variant}: Model raised {type(e).__name__} on these inputs; drew {VARIANTS[0]} instead")
             variant = VARIANTS[0]
-            inputs, _ = draw_inputs(module.get_inputs, variant)
+            inputs, cut = draw(variant)
             eager, counted = _eager(model, inputs, device)
+        if cut and not trials:
+            notes.append(f"inputs cut along dim 0 to {[list(x.shape) for x in inputs if hasattr(x, 'shape')]} "
+                         "for Triton's interpreter")
         ops = ops if ops is not None else counted
         trials.append({"variant": variant, "inputs": inputs, "eager": eager, "ref64": _float64(model64, inputs)})
     has64 = all(t["ref64"] is not None and len(t["ref64"]) == len(t["eager"]) for t in trials)

@@ -31,11 +31,16 @@ def format_verdict(v: dict) -> str:
     return "\n".join(lines)
 
 
-def as_module_check(v: dict) -> dict:
+def as_module_check(v: dict, pytorch_only: bool = False) -> dict:
     """The verdict in the shape of the module flow's whole-module check ({"status": "passed" |
-    "failed", "reason"}), so the pipeline can use the guard in place of that check."""
-    if v["accepted"]:
-        return {"status": "passed", "reason": "accepted by every check", "verdict": v}
-    bad = [c for c in v["checks"] if c["passed"] is False]
+    "failed", "reason"}), so the pipeline uses the guard for that check.  pytorch_only: the
+    candidate is meant to have no kernel of its own (every group fell back), so own_kernels
+    failing is expected, not a reason to reject it."""
+    bad = [c for c in v["checks"] if c["passed"] is False and not (pytorch_only and c["name"] == "own_kernels")]
+    if not bad and v["outcome"] in ("accepted", "rejected"):
+        why = "accepted by every check" if v["accepted"] else "correct; no Triton kernel by design (all PyTorch)"
+        corr = next((c["detail"] for c in v["checks"] if c["name"] == "correctness"), "")
+        reason = "; ".join([f"{why}: {corr}" if corr else why] + list(v.get("notes", [])))
+        return {"status": "passed", "reason": reason, "verdict": v}
     reason = "; ".join(f"{c['name']}: {c['detail']}" for c in bad[:3]) or v["outcome"]
     return {"status": "failed", "reason": f"{v['outcome']}: {reason}", "verdict": v}

@@ -81,14 +81,16 @@ def _job_failure(result: dict) -> str:
 
 
 def run_reference(path: str | Path, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  memory_mb: int = DEFAULT_MEMORY_MB) -> ReferenceRun:
+                  memory_mb: int = DEFAULT_MEMORY_MB, max_elems: int | None = None) -> ReferenceRun:
+    """Model on fresh inputs in a sandboxed child; max_elems cuts the inputs along dim 0 (for
+    Triton's interpreter) where Model accepts the smaller batch."""
     import torch
     device = device or default_device()
     path = str(Path(path).resolve())
     tmp = Path(tempfile.mkdtemp(prefix="mtmc-guard-ref-"))
     try:
         r = run_job({"kind": "reference_run", "path": path, "dir": str(tmp), "device": device,
-                     "time": device == "cuda"}, timeout_s, memory_mb, interpret=device == "cpu")
+                     "time": device == "cuda", "max_elems": max_elems}, timeout_s, memory_mb, interpret=device == "cpu")
         if r["status"] != "ok":
             raise ReferenceFailed(f"the reference failed: {_job_failure(r)}")
         given = torch.load(tmp / "inputs.pt", weights_only=True)

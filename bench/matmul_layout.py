@@ -1,0 +1,61 @@
+"""How the B operand's layout affects our fp32 matmul on the GPU (a diagnosis, not a product
+path): the same shape as matmul (B [K, N]) and as nn.Linear (B [N, K], read transposed), at a
+few configs, against PyTorch, plus the cost of transposing B once.
+
+  python -m bench.matmul_layout [--out bench/results] [--name NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from mtmc.kernels.catalog import family_of
+from mtmc.kernels.parse import parse_request
+from mtmc.tools.hardware import resolve
+from mtmc.tools.timing import bench_ms, time_candidate
+
+REQUESTS = {"kn": "matmul 8192x4096 by 4096x4096 in {dtype}",
+            "nk": "linear layer with 4096 inputs and 4096 outputs on a batch of 8192 tokens in {dtype}"}
+VARIANTS = [{}, {"num_warps": 4}, {"BLOCK_K": 16}, {"BLOCK_K": 64, "num_stages": 2}, {"BLOCK_M": 64}]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--name", default=None)
+    p.add_argument("--dtype", default="fp32")
+    args = p.parse_args(argv)
+    import torch
+    import triton
+    rows = []
+    for layout, req in REQUESTS.items():
+        spec = parse_request(req.format(dtype=args.dtype)).spec
+        fam = family_of(spec)
+        base = fam.default_config(spec, resolve("auto"))
+        for change in VARIANTS:
+            cfg = {**base, **change}
+            try:
+                t = time_candidate(spec, fam.render(spec, cfg), baselines=True, compile_baseline=False)
+                rows.append({"layout": layout, "config": cfg, "ours_ms": t["ours_ms"], "eager_ms": t["eager_ms"],
+                             "tflops": t["achieved_tflops"]})
+            except Exception as exc:  # a config the GPU refuses: record why, keep going
+                rows.append({"layout": layout, "config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            print(json.dumps(rows[-1]), flush=True)
+    w = torch.randn(4096, 4096, device="cuda", dtype=getattr(torch, spec.dtype))
+    transpose_ms = bench_ms(lambda: w.t().contiguous())
+    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "transpose_4096x4096_ms": transpose_ms}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or f"{meta['date'][:10]}-matmul-layout"
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(json.dumps(meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
