@@ -147,6 +147,26 @@ def test_stated_sizes_and_dtype_leave_nothing_assumed():
     assert result.understood["dtype"] == "float16" and result.understood["shapes"] == [[4096, 8192]]
 
 
+def test_reduction_without_an_axis_states_the_last_dim():
+    # torch.sum(x) sums everything; a row sum must not be assumed silently
+    bare = parse_request("sum of a 4096x4096 fp32 tensor")
+    assert bare.spec.dims == {"M": 4096, "N": 4096}
+    assert any("no axis given" in a for a in bare.assumptions)
+    for said in ("row sum of a 4096x4096 fp32 tensor", "sum over the last dim of a 4096x4096 fp32 tensor",
+                 "row-wise max of a 64x64 fp32 tensor"):
+        assert parse_request(said).assumptions == [], said
+
+
+def test_layernorm_without_affine_or_with_bias_still_parses():
+    assert parse_request("layernorm without affine on 64x64").spec.params == {"affine": False}
+    assert parse_request("rmsnorm without bias on 64x64").ok
+
+
+def test_two_tensors_with_a_binary_op_still_parse():
+    spec = parse_request("gelu(x) * y elementwise on two 64x64 fp32 tensors").spec
+    assert spec.params == {"chain": [GELU, {"op": "mul"}]}
+
+
 def test_k_suffix_is_read_as_1024_and_said_so():
     result = parse_request("layernorm on a 4k x 8k bf16 tensor")
     assert result.spec.dims == {"M": 4096, "N": 8192}
@@ -198,6 +218,19 @@ FAILURES = [
     ("sin(x) on 64x64", ["sin", "pointwise vocabulary"]),
     ("matrix vector product of a 4096x4096 matrix and a vector of 4096 elements", ["matrix-vector"]),
     ("sum(x) * 2", ["reduction", "after"]),
+    # a word after "then" that is no op used to be dropped: "relu then sofmax" was a plain relu
+    ("relu then sofmax on 64x64", ["sofmax", "did you mean 'softmax'"]),
+    ("layernorm then gelu then sigmod on 64x64", ["sigmod", "sigmoid"]),
+    ("add a bias then gelu then round on 64x64", ["round", "not an op"]),
+    ("silu then mutliply by y, 64x64", ["mutliply", "multiply"]),
+    ("softmax then mask on 64x64", ["mask"]),
+    ("sofmax over the rows of a 1024x1024 fp16 tensor", ["no kernel op", "did you mean 'softmax'"]),
+    # two tensors named, one read: the second was silently ignored
+    ("sigmoid of two 1024x1024 tensors", ["two tensors", "only one"]),
+    ("mean squared error between two 4096x4096 tensors", ["loss", "not in the catalog"]),
+    ("logsumexp over the rows of a 512x30000 fp32 tensor", ["logsumexp", "not in the catalog"]),
+    # the bias was silently kept
+    ("layernorm without bias on a 4096x768 fp16 tensor", ["weight but no bias", "without affine"]),
 ]
 
 

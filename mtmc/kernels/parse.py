@@ -19,6 +19,7 @@ An LLM parser can be added as a fallback behind the same interface: text in, Par
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
@@ -369,6 +370,8 @@ def _add_shape(ctx: _Ctx, m: re.Match, tokens: list[str]) -> None:
     shape = [ctx.to_int(t) for t in tokens]
     # "two 4096x4096 matrices": the same shape for both operands.
     copies = 2 if _rx(r"\b(?:two|both)\s+$").search(ctx.s[:m.start()]) else 1
+    if copies == 2:
+        ctx.flags.add("pair")
     for _ in range(copies):
         ctx.shapes.append(shape)
         ctx.note("shapes", shape)
@@ -827,7 +830,9 @@ _UNSUPPORTED = [  # (pattern, what it is); checked before anything could read pa
     (r"\b\w*pool\w*", "pooling"),
     (r"\bfft\b|\bfourier\b", "FFT"),
     (r"\bdropout\b", "dropout"),
-    (r"\bcross[\s_-]*entropy\b|\bloss\b|\bnll\b", "loss functions"),
+    (r"\bcross[\s_-]*entropy\b|\bloss\b|\bnll\b|\bmse\b|\bmean[\s_-]+(?:squared|absolute)[\s_-]+error\b",
+     "loss functions"),
+    (r"\blog[\s_-]*sum[\s_-]*exp\b", "logsumexp"),
     (r"\btranspos\w*|\bpermut\w*|\breshap\w*|\bconcat\w*", "layout ops (transpose, permute, reshape, concat)"),
     (r"\beinsum\b", "einsum"),
     (r"\b(?:de)?quanti[sz]\w*", "quantization"),
@@ -1015,7 +1020,14 @@ _OTHER_AXES = [  # (pattern, how the message names that axis); all refused by _c
 _AXIS_NUMBER = r"\b(?:dim|axis|dimension)\s*(?:=|:)?\s*(?P<d>-?\d+)(?!\w|\.\d)"
 
 
+_ROW_OP = r"\brows?(?=[\s_-]+(?:sums?|means?|max\w*|min\w*|arg[\s_-]?(?:max|min)|averages?|reduc\w*)\b)"
+
+
 def _read_axis(ctx: _Ctx) -> None:
+    for m in _rx(_ROW_OP).finditer(ctx.norm):   # "row sum": the op words are already taken
+        if ctx.s[m.start():m.end()] == m.group(0):
+            ctx.s = ctx.s[:m.start()] + " " * (m.end() - m.start()) + ctx.s[m.end():]
+            ctx.reduce_dim = "last"
     for m in ctx.take(_LAST_AXIS):
         ctx.reduce_dim = ctx.reduce_dim if ctx.reduce_dim is not None else "last"
     for pattern, where in _OTHER_AXES:
@@ -1063,6 +1075,55 @@ def _check_leftovers(ctx: _Ctx) -> None:
                     "residual', 'add another tensor', 'scale by 0.5'.")
 
 
+# Words a clause may hold besides its op: articles, verbs of doing, names of the data.
+_FILLER = frozenset("""a an the it its on to in into of for over along across with and by is are be that this
+    we also then finally next apply applies applying applied do does compute computes computing take takes taking
+    calculate calculates perform performs run runs fused fuse fusing kernel op operation same result results output
+    outputs input inputs tensor tensors matrix matrices array arrays value values element elements each every row
+    rows all one single elementwise pointwise wise per x y""".split())
+_OP_NAMES = ("softmax", "log_softmax", "logsoftmax", "layernorm", "rmsnorm", "normalize", "matmul", "gemm", "bmm",
+             "linear", "sum", "mean", "average", "max", "min", "argmax", "argmin", "reduce", "relu", "gelu", "silu",
+             "swish", "sigmoid", "tanh", "exp", "abs", "negate", "square", "scale", "shift", "clamp", "leaky_relu",
+             "bias", "residual", "add", "subtract", "multiply", "maximum", "minimum")
+
+
+def _unread_words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[a-z][a-z_]*", text) if w not in _FILLER]
+
+
+def _did_you_mean(words: list[str]) -> str:
+    for w in words:
+        close = difflib.get_close_matches(w, _OP_NAMES, n=1, cutoff=0.75)
+        if close and close[0] != w:
+            return f" Did you mean '{close[0]}' for '{w}'?"
+    return ""
+
+
+def _check_clauses(ctx: _Ctx) -> None:
+    """"relu then sofmax", "gelu then round": a clause after "then" / "after" in which no op was
+    read holds a word outside the vocabulary; dropping it would write a kernel nobody asked for."""
+    bounds = sorted(m.start() for m in _rx(_BOUNDARY + "|" + _AFTER).finditer(ctx.norm))
+    for mark in _rx(_SEQ + "|" + _AFTER).finditer(ctx.norm):
+        end = next((b for b in bounds if b >= mark.end()), len(ctx.norm))
+        if any(mark.end() <= it.pos < end for it in ctx.items):
+            continue
+        words = _unread_words(ctx.s[mark.end():end])
+        if words:
+            raise _Fail(f"I could not read '{' '.join(words)}' (after '{mark.group(0).strip()}'): it is not an op "
+                        f"I know, and I do not drop words silently.{_did_you_mean(words)}")
+
+
+def _check_tensor_count(ctx: _Ctx, spec: KernelSpec) -> None:
+    """"sigmoid of two 4096x4096 tensors": two tensors named, but the ops read only one."""
+    if spec.family == "matmul" or not ("pair" in ctx.flags or _rx(_PAIR).search(ctx.norm)):
+        return
+    steps = [s for k in ("chain", "prologue", "epilogue") for s in spec.params.get(k, [])]
+    if not any(pointwise.operand_kind(s) == "full" for s in steps):
+        raise _Fail(f"the request names two tensors, but the ops I read ({', '.join(ctx.understood.get('ops', []))}) "
+                    "take only one; say how the second one enters, e.g. 'x - y', 'multiply by another tensor', "
+                    "'relu(x + y)'.")
+
+
 # -- choosing the op --------------------------------------------------------------------------
 
 def _decide(ctx: _Ctx) -> tuple[str, str]:
@@ -1070,7 +1131,7 @@ def _decide(ctx: _Ctx) -> tuple[str, str]:
     if not cores:
         if any(not it.is_core for it in ctx.items):
             return "elementwise", "chain"
-        raise _Fail("I found no kernel op in this request.")
+        raise _Fail("I found no kernel op in this request." + _did_you_mean(_unread_words(ctx.s)))
     families = sorted({c.family for c in cores})
     if len(families) > 1:
         named = ", ".join(sorted({f"'{c.words}' ({c.family})" for c in cores}))
@@ -1265,6 +1326,8 @@ def _build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
         raise _Fail(f"a reduction kernel takes no ops after it yet ('{loose[0].words}' comes after the "
                     f"{op}); ops on its input are fine, e.g. 'sum of squares'.")
     chain = _steps(pre + post)
+    if ctx.reduce_dim is None:
+        ctx.assume(f"no axis given: {op} over the last dim (one result per row), not over all elements")
     return _row_spec(ctx, "reduction", op, {"prologue": chain} if chain else {})
 
 
@@ -1283,6 +1346,9 @@ def _build_norm(ctx: _Ctx, op: str) -> KernelSpec:
         params["epilogue"] = epilogue
     if "no_affine" in ctx.flags:
         params["affine"] = False
+    if op == "layernorm" and "no_bias" in ctx.flags and "no_affine" not in ctx.flags:
+        raise _Fail("a layernorm with a weight but no bias is not in the catalog yet; say 'layernorm without "
+                    "affine' for neither, or leave the bias in.")
     if op == "rmsnorm" and "norm_bias" in ctx.flags:
         raise _Fail("there is no bias in rmsnorm, only a weight; for a bias added after it, say "
                     "'rmsnorm then add a bias'.")
@@ -1479,10 +1545,12 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_words(ctx)
     _read_axis(ctx)
     _check_leftovers(ctx)
+    _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
     spec = _BUILDERS[family](ctx, op)
     _check_sizes_used(ctx, family)
+    _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
         pointwise.validate_chain(spec.params.get(key, []))
     spec.request = ctx.request
