@@ -39,6 +39,7 @@ FULL_SIZE = {
     "bmm_scale_residual.py": {"batch": 32, "m": 512, "k": 512, "n": 512},
     "gated_branch.py": {"rows": 8192, "dim": 2048},
     "toplevel_branch.py": {"rows": 8192, "dim": 2048},
+    "gemm_swish_scale.py": {"batch_size": 8192, "in_features": 4096, "out_features": 4096},
 }
 
 

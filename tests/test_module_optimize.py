@@ -169,6 +169,14 @@ def test_hand_written_rmsnorm_and_gated_mlp():
     assert chain_ops(w2.spec["params"]["epilogue"]) == ["add"]
 
 
+def test_hand_written_silu_joins_the_matmul_epilogue():
+    # x * sigmoid(x) and sigmoid(x) * x: one silu step each, not a second kernel re-reading x
+    part = partition(captured("gemm_swish_scale.py"))
+    (g,) = part.groups
+    assert chain_ops(g.spec["params"]["epilogue"]) == ["bias", "silu", "scale", "silu"]
+    assert len(g.nodes) == 6 and part.torch_ops == []  # both sigmoids are inside the kernel
+
+
 def test_conv_stays_pytorch_and_its_tail_is_fused():
     part = partition(captured("conv_bias_act.py"))
     (g,) = part.groups

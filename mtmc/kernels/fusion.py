@@ -196,7 +196,7 @@ class Partitioner:
             if steps is None:
                 break
             chain += steps
-            b.nodes.append(user)
+            b.nodes += [user, *self.sem[user].covers]
             last = user
         return chain, last
 
@@ -282,7 +282,7 @@ class Partitioner:
         prologue = []
         for node, running in links:
             prologue += self._step(node, running, b, shape, full, vector_ok)
-            b.nodes.append(node)
+            b.nodes += [node, *self.sem[node].covers]
         b.nodes += [name, *a.covers]
         for v in a.vectors:
             if self._ref_tensor(v) != ([shape[-1]], dtype):
@@ -347,7 +347,7 @@ class Partitioner:
                 break
         else:
             return
-        b.nodes.append(name)
+        b.nodes += [name, *s.covers]
         more, last = self._extend(name, b, shape, full, vector_ok=True)
         chain = steps + more
         if not chain:  # only no-ops (contiguous, dropout(p=0)): nothing to compute
@@ -358,6 +358,7 @@ class Partitioner:
     def run(self) -> list[Group]:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
+        self._silu_patterns()
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
@@ -367,6 +368,26 @@ class Partitioner:
             if isinstance(s, Pointwise) and name not in self.taken:
                 self._chain_group(name, s)
         return self.groups
+
+    # -- a hand-written SiLU: x * sigmoid(x) -------------------------------------------------------
+    def _silu_patterns(self) -> None:
+        """x * sigmoid(x) (either order) is one silu step on x, so the chain through it stays
+        one chain (x is not read twice) and a matmul takes it as its epilogue."""
+        for n in self.g.nodes:
+            m, s = n["name"], self.sem.get(n["name"])
+            if not isinstance(s, Pointwise) or s.binop != "mul":
+                continue
+            for x, sig in (s.inputs, s.inputs[::-1]):
+                sig_sem = self.sem.get(sig.name) if isinstance(sig, NodeRef) else None
+                if (isinstance(x, NodeRef) and isinstance(sig_sem, Pointwise) and sig_sem.binop is None
+                        and sig_sem.steps == [{"op": "sigmoid"}] and sig_sem.inputs[0] == x
+                        and self.g.users[sig.name] == [m]
+                        and self.g.tensor(sig) == self.g.tensor(x) == self.g.tensor(m)):
+                    self.sem[m] = Pointwise([x], [{"op": "silu"}], covers=[sig.name])
+                    del self.sem[sig.name]
+                    self.why[sig.name] = "x * sigmoid(x) stays PyTorch with its multiply"
+                    self.g.users[x.name].remove(sig.name)  # x is read by the silu alone
+                    break
 
     # -- a hand-written RMSNorm: x * rsqrt(mean(x^2, -1, keepdim) + eps) [* weight] --------
     def _rmsnorm_patterns(self) -> None:

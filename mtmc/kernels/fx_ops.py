@@ -151,6 +151,7 @@ class Pointwise:
     inputs: list
     steps: list[dict] = field(default_factory=list)
     binop: str | None = None
+    covers: list[str] = field(default_factory=list)  # more nodes it spans (the sigmoid of x * sigmoid(x))
 
 
 @dataclass
