@@ -162,6 +162,12 @@ def test_layernorm_without_affine_or_with_bias_still_parses():
     assert parse_request("rmsnorm without bias on 64x64").ok
 
 
+def test_tf32_is_served_as_ieee_float32_and_said_so():
+    result = parse_request("matmul 64x64 by 64x64 in tf32")
+    assert result.spec.dtype == "float32"
+    assert any("tf32" in a for a in result.assumptions)
+
+
 def test_two_tensors_with_a_binary_op_still_parse():
     spec = parse_request("gelu(x) * y elementwise on two 64x64 fp32 tensors").spec
     assert spec.params == {"chain": [GELU, {"op": "mul"}]}
@@ -229,6 +235,11 @@ FAILURES = [
     ("sigmoid of two 1024x1024 tensors", ["two tensors", "only one"]),
     ("mean squared error between two 4096x4096 tensors", ["loss", "not in the catalog"]),
     ("logsumexp over the rows of a 512x30000 fp32 tensor", ["logsumexp", "not in the catalog"]),
+    # integer / double dtypes were silently read as float32
+    ("relu on a 64x64 int tensor", ["dtype 'int'", "float16"]),
+    ("matmul of 64x32 and 32x16 in double", ["dtype 'double'"]),
+    ("sum of each row of 64x64 longs", ["dtype 'longs'"]),
+    ("relu then double the values on 64x64", ["double"]),
     # the bias was silently kept
     ("layernorm without bias on a 4096x768 fp16 tensor", ["weight but no bias", "without affine"]),
 ]

@@ -276,8 +276,14 @@ def _clamp_steps(m: re.Match, kind: str) -> list[dict]:
 
 # -- phase 2: dtype -------------------------------------------------------------------------
 
+_INT_WORD = r"(?:int|ints|integers?|long|longs|bool|booleans?|short|byte|doubles?)"
 _BAD_DTYPES = (r"\b(?:fp8|float8\w*|e4m3\w*|e5m2\w*|u?int(?:4|8|16|32|64)|fp64|float64|f64|complex\w*"
-               r"|double[\s_-]*precision|torch\.double)\b")
+               r"|double[\s_-]*precision|torch\.(?:double|long|int|bool))\b"
+               # "a 64x64 int tensor", "in double", "a tensor of doubles" (not "double the values")
+               rf"|\b{_INT_WORD}(?=(?:\s+\d[\dxk*\s]*)?\s+(?:tensors?|matri\w*|arrays?|inputs?|vectors?|values|elements)\b)"
+               rf"|(?<=\b(?:in|of|as)\s){_INT_WORD}\b(?!\s+(?:the|it|its|each|every|all|x|them|values?)\b)"
+               rf"|\bdtype\s*[=:]?\s*{_INT_WORD}\b|(?<=\d\s){_INT_WORD}\b")
+_TF32 = r"\btf[\s_-]?32\b"
 
 
 def _dtype_words() -> tuple[str, dict[str, str]]:
@@ -303,6 +309,10 @@ def _read_dtype(ctx: _Ctx) -> None:
         raise _Fail(f"the dtype '{bad[0].group(0)}' is not supported: I write float32, float16 and "
                     "bfloat16 kernels.")
     found = {_DTYPE_TABLE[re.sub(r"[\s_-]", "", m.group(0))] for m in ctx.take(_DTYPE_RX)}
+    if ctx.take(_TF32):   # a compute mode, not a storage dtype
+        found.add("float32")
+        ctx.assume("tf32 read as float32: the kernel reads and writes float32 and multiplies in IEEE fp32 "
+                   "(as exact as PyTorch's default, no TF32)")
     if len(found) > 1:
         ctx.understood["dtype"] = sorted(found)
         raise _Fail(f"the request names more than one dtype ({', '.join(sorted(found))}); a kernel here "
