@@ -162,6 +162,13 @@ def test_layernorm_without_affine_or_with_bias_still_parses():
     assert parse_request("rmsnorm without bias on 64x64").ok
 
 
+@pytest.mark.parametrize("count", ["10^6 floats", "1e6 elements", "1,000,000 values", "1000000 elements"])
+def test_element_counts_written_as_numbers(count):
+    result = parse_request(f"y = sigmoid(x) for {count}")
+    assert result.ok, result.message
+    assert result.spec.params["shape"] == [1000000]
+
+
 def test_tf32_is_served_as_ieee_float32_and_said_so():
     result = parse_request("matmul 64x64 by 64x64 in tf32")
     assert result.spec.dtype == "float32"

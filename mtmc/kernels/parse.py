@@ -122,12 +122,26 @@ _UNICODE = {"×": "x", "✕": "x", "−": "-", "–": "-", "—": "-", "→": "-
             "“": '"', "”": '"', "\u00a0": " "}
 
 
+# "1,000,000 elements", "10^6 floats", "1e6 values": an element count written as a number.
+_COUNT = (r"(?<![\w.,\[(])(?P<n>\d{1,3}(?:,\d{3})+|\d+e\+?\d+|\d+\s*(?:\^|\*\*)\s*\d+)"
+          r"(?=[\s-]+(?:elements?|values|numbers|entries|floats)\b)")
+
+
+def _count_digits(m: re.Match) -> str:
+    parts = re.split(r"\s*(?:\^|\*\*)\s*|e\+?", m.group("n").replace(",", ""))
+    if len(parts) == 1:
+        return parts[0]
+    b, e = int(parts[0]), min(int(parts[1]), 64)   # too large stays too large: refused as out of range
+    return str(b * 10 ** e if "e" in m.group("n") else b ** e)
+
+
 class _Ctx:
     def __init__(self, text: str):
         self.request = text
         norm = text.lower()
         for a, b in _UNICODE.items():
             norm = norm.replace(a, b)
+        norm = _rx(_COUNT).sub(_count_digits, norm)
         self.norm = norm            # the whole request, lowercased
         self.s = norm               # the same with everything already used blanked out
         self.items: list[_Item] = []
@@ -355,7 +369,7 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
 ]
 _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+)?({INT})",
             rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
-            rf"({INT})[\s-]+elements?\b(?:\s+(?:vector|array|tensor))?"]
+            rf"({INT})[\s-]+(?:elements?|values|numbers|entries|floats)\b(?:\s+(?:vector|array|tensor))?"]
 
 
 def _read_sizes(ctx: _Ctx) -> None:
