@@ -40,6 +40,7 @@ FULL_SIZE = {
     "gated_branch.py": {"rows": 8192, "dim": 2048},
     "toplevel_branch.py": {"rows": 8192, "dim": 2048},
     "gemm_swish_scale.py": {"batch_size": 8192, "in_features": 4096, "out_features": 4096},
+    "layernorm_noweight.py": {"batch": 16, "seq": 512, "hidden": 4096},
 }
 
 

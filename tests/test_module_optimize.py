@@ -177,6 +177,15 @@ def test_hand_written_silu_joins_the_matmul_epilogue():
     assert len(g.nodes) == 6 and part.torch_ops == []  # both sigmoids are inside the kernel
 
 
+def test_layer_norms_without_bias_and_with_a_computed_shape_are_kernels():
+    # F.layer_norm(x, (x.shape[-1],)) was refused as "over the last 1 dims"; a weight without
+    # a bias (F.layer_norm(.., w, None), nn.LayerNorm(bias=False)) was outside the catalog
+    part = partition(captured("layernorm_noweight.py"))
+    assert part.torch_ops == []
+    params = sorted((g.spec["params"] for g in part.groups if g.family == "norm"), key=lambda p: p["eps"])
+    assert [(p["affine"], p.get("bias", True)) for p in params] == [(True, False), (False, True), (True, False)]
+
+
 def test_conv_stays_pytorch_and_its_tail_is_fused():
     part = partition(captured("conv_bias_act.py"))
     (g,) = part.groups

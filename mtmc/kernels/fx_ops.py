@@ -300,8 +300,6 @@ class Classifier:
             affine = attrs.get("elementwise_affine", True)
             weight = {"attr": f"{target}.weight"} if affine and "weight" in params else None
             bias = {"attr": f"{target}.bias"} if affine and "bias" in params else None
-            if op == "layernorm" and affine and (weight is None) != (bias is None):
-                raise Reject("LayerNorm with a weight but no bias is not in the catalog")
             return self._norm(name, op, x, attrs.get("normalized_shape"), weight, bias, attrs.get("eps"))
         if kind in UNARY_MODULES:
             op = UNARY_MODULES[kind]
@@ -430,14 +428,19 @@ class Classifier:
     def _norm(self, name: str, op: str, x, normalized_shape, weight, bias, eps) -> Anchor:
         shape, dtype = self._float_tensor(x, "the input")
         ns = list(normalized_shape) if isinstance(normalized_shape, (list, tuple)) else [normalized_shape]
-        if len(ns) != 1 or ns[0] != shape[-1]:
+        ns = [self.g.number(v) if isinstance(v, NodeRef) else v for v in ns]  # (x.shape[-1],)
+        if len(ns) != 1:
             raise Reject(f"{op} over the last {len(ns)} dims; kernels normalize the last dim only")
-        if op == "layernorm" and (weight is None) != (bias is None):
-            raise Reject("layer_norm with a weight but no bias is not in the catalog")
+        if ns[0] != shape[-1]:
+            raise Reject(f"{op} with normalized_shape {ns[0]} that is not the last dim ({shape[-1]})")
+        if op == "layernorm" and weight is None and bias is not None:
+            raise Reject("layer_norm with a bias but no weight is not in the catalog")
         if eps is None:
             eps = torch.finfo(getattr(torch, dtype)).eps
         if not isinstance(eps, (int, float)):
             raise Reject("eps is not a number")
         vectors = [v for v in (weight, bias) if v is not None]
-        return Anchor("norm", op, x, params={"eps": float(eps), "affine": bool(vectors)}, vectors=vectors,
-                      out=name, replaces=[name])
+        params = {"eps": float(eps), "affine": bool(vectors)}
+        if op == "layernorm" and weight is not None and bias is None:
+            params["bias"] = False
+        return Anchor("norm", op, x, params=params, vectors=vectors, out=name, replaces=[name])

@@ -1371,8 +1371,7 @@ def _build_norm(ctx: _Ctx, op: str) -> KernelSpec:
     if "no_affine" in ctx.flags:
         params["affine"] = False
     if op == "layernorm" and "no_bias" in ctx.flags and "no_affine" not in ctx.flags:
-        raise _Fail("a layernorm with a weight but no bias is not in the catalog yet; say 'layernorm without "
-                    "affine' for neither, or leave the bias in.")
+        params["bias"] = False               # the weight stays: nn.LayerNorm(N, bias=False)
     if op == "rmsnorm" and "norm_bias" in ctx.flags:
         raise _Fail("there is no bias in rmsnorm, only a weight; for a bias added after it, say "
                     "'rmsnorm then add a bias'.")
@@ -1622,7 +1621,7 @@ def _success_message(spec: KernelSpec, assumptions: list[str]) -> str:
     for key in ("prologue", "chain", "epilogue"):
         if spec.params.get(key):
             details.append(f"{key} {pointwise.describe_chain(spec.params[key])}")
-    details += [f"{k} {spec.params[k]}" for k in ("scale", "eps", "b_layout", "affine", "shape")
+    details += [f"{k} {spec.params[k]}" for k in ("scale", "eps", "b_layout", "affine", "bias", "shape")
                 if k in spec.params]
     text = "; ".join([f"{spec.op} ({spec.family}), {dims}, {spec.dtype}", *details]) + "."
     if assumptions:

@@ -1,7 +1,8 @@
 """LayerNorm and RMSNorm over the last dim of x [M, N] -> [M, N].
 
 params: "eps" (default 1e-5 layernorm, 1e-6 rmsnorm), "affine" (default True: layernorm takes
-weight and bias [N], rmsnorm weight [N]), "prologue" / "epilogue" pointwise chains.
+weight and bias [N], rmsnorm weight [N]), "bias" (layernorm only, default True: False keeps the
+weight and drops the bias), "prologue" / "epilogue" pointwise chains.
 Looped layernorm merges per-chunk mean and squared deviations (Chan et al.'s parallel
 Welford), which stays accurate when the mean is large next to the spread, then normalizes in a
 second pass; looped rmsnorm accumulates the sum of squares per lane.
@@ -25,10 +26,13 @@ class NormFamily(_rows.RowFamily):
 
     def validate(self, spec: KernelSpec) -> None:
         super().validate(spec)
-        _rows.validate_rows(spec, {"prologue", "epilogue", "eps", "affine"}, epilogue=True)
+        _rows.validate_rows(spec, {"prologue", "epilogue", "eps", "affine", "bias"}, epilogue=True)
         _eps(spec)
-        if not isinstance(spec.params.get("affine", True), bool):
-            raise ValueError(f"params 'affine' must be true or false, got {spec.params['affine']!r}")
+        for key in ("affine", "bias"):
+            if not isinstance(spec.params.get(key, True), bool):
+                raise ValueError(f"params '{key}' must be true or false, got {spec.params[key]!r}")
+        if spec.op == "rmsnorm" and "bias" in spec.params:
+            raise ValueError("rmsnorm has no bias; params 'bias' is for layernorm")
 
     def layout(self, spec: KernelSpec) -> _rows.Rows:
         return _rows.Rows(spec, _vectors(spec))
@@ -76,7 +80,7 @@ def _eps(spec: KernelSpec) -> float:
 def _vectors(spec: KernelSpec) -> tuple[tuple[str, str], ...]:
     if not spec.params.get("affine", True):
         return ()
-    if spec.op == "layernorm":
+    if spec.op == "layernorm" and spec.params.get("bias", True):
         return (("weight", "positive"), ("bias", "randn"))
     return (("weight", "positive"),)
 
