@@ -322,6 +322,13 @@ def test_missing_get_inputs():
     assert "get_init_inputs() returning the constructor arguments" in msg
 
 
+def test_get_inputs_that_is_not_a_list():
+    # captured as one input, then the guard's Model(*get_inputs()) split it into 16 arguments
+    msg = reject_message(BAD / "inputs_not_a_list.py")
+    assert msg.startswith("get_inputs() in inputs_not_a_list.py returned a Tensor, not a list")
+    assert "Model(*get_inputs())" in msg
+
+
 def test_import_that_hangs_is_stopped():
     msg = reject_message(BAD / "hangs_on_import.py", timeout_s=10)
     assert msg.startswith("hangs_on_import.py: importing the file did not finish within 10 s")

@@ -152,10 +152,15 @@ def build(module, path: str):
     phase("inputs")
     try:
         inputs = module.get_inputs()
-        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
     except BaseException as e:
         raise _failure(f"get_inputs() in {name}", e, path) from None
-    return model, inputs
+    if not isinstance(inputs, (list, tuple)):
+        # Model(*get_inputs()) would unpack a tensor along its first dim (the verifier and the
+        # benchmark harness both call it so): say so rather than capture something else
+        raise UploadError(f"get_inputs() in {name} returned a {type(inputs).__name__}, not a list of the "
+                          "forward's inputs; the format calls Model(*get_inputs()), which would split it. "
+                          "Return a list, e.g. [x].")
+    return model, list(inputs)
 
 
 def run_recording_calls(model, inputs, path: str):
