@@ -186,6 +186,47 @@ def test_layer_norms_without_bias_and_with_a_computed_shape_are_kernels():
     assert [(p["affine"], p.get("bias", True)) for p in params] == [(True, False), (False, True), (True, False)]
 
 
+INPLACE_BETWEEN = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.rand(n) + 0.5)
+
+    def forward(self, x):
+        h = x * 2
+        y = h.softmax(dim=-1)
+        h.relu_()
+        return y * self.gamma + h
+
+
+def get_inputs():
+    return [torch.randn(8, 24)]
+
+
+def get_init_inputs():
+    return [24]
+"""
+
+
+def test_group_is_not_spread_over_an_in_place_change_of_its_input(tmp_path):
+    # the softmax took `* gamma + h` as its epilogue and was called at the add, after h.relu_():
+    # it normalized the relu'd h
+    path = tmp_path / "inplace_between.py"
+    path.write_text(INPLACE_BETWEEN)
+    cap = capture(str(path))
+    part = partition(cap)
+    assert "softmax" not in [g.family for g in part.groups]
+    assert any("in place" in t["why"] for t in part.torch_ops if "softmax" in t["op"])
+    out = tmp_path / "new_inplace_between.py"
+    out.write_text(assemble(INPLACE_BETWEEN, cap, part.groups, template_kernels(part.groups)))
+    a, b, _ = run_both(out)
+    torch.testing.assert_close(b[0], a[0], rtol=1e-4, atol=1e-5)
+
+
 def test_conv_stays_pytorch_and_its_tail_is_fused():
     part = partition(captured("conv_bias_act.py"))
     (g,) = part.groups

@@ -113,8 +113,32 @@ class Partitioner:
                 self.sem[n["name"]] = s
         self.taken: set[str] = set()
         self.shared: set[str] = set()   # cheap producers recomputed inside each consumer
+        self.mutations = self._mutations()
         self.groups: list[Group] = []
         self.next_id = first_id
+
+    def _mutations(self) -> list[tuple[str, str]]:
+        """(in-place node, the value it changes), e.g. x.relu_(), F.relu(x, inplace=True)."""
+        found = []
+        for n in self.g.nodes:
+            args, kwargs = self.g.args(n["name"]) if n["op"].startswith("call_") else ((), {})
+            target = n["target"].rsplit(".", 1)[-1]
+            inplace = (n["op"] in ("call_method", "call_function") and target.endswith("_")
+                       and not target.startswith("_")) or kwargs.get("inplace") is True or (
+                n["op"] == "call_module" and self.g.modules.get(n["target"], {}).get("attrs", {}).get("inplace"))
+            if inplace and args and isinstance(args[0], NodeRef):
+                found.append((n["name"], args[0].name))
+        return found
+
+    def _mutated_inside(self, nodes: list[str], args: list[dict]) -> str | None:
+        """An in-place op outside the group that changes one of its inputs between the group's
+        first and last node: the kernel, called at the last one, would read the changed value."""
+        lo, hi = min(map(self.g.order.get, nodes)), max(map(self.g.order.get, nodes))
+        read = {a["node"] for a in args if "node" in a}
+        for node, value in self.mutations:
+            if node not in nodes and value in read and lo < self.g.order[node] < hi:
+                return node
+        return None
 
     def _ref_tensor(self, ref) -> tuple[list[int], str] | None:
         if isinstance(ref, NodeRef):
@@ -246,6 +270,12 @@ class Partitioner:
             return
         assert len(fam.inputs(spec)) == len(b.inputs), "binding does not match the family's inputs"
         order = sorted(b.nodes, key=self.g.order.get)
+        mutation = self._mutated_inside(order, b.args)
+        if mutation is not None:
+            for n in order:
+                self.why.setdefault(n, f"{self.g.words(mutation)} changes an input of its group in place "
+                                       "between its ops")
+            return
         ops = [self.g.words(n) for n in order if n not in self.free_nodes(order)]
         spec.request = f"module group: {' -> '.join(ops)}"
         self.groups.append(Group(self.next_id, self.g.path, family, order, replaces, ops, spec.to_dict(),
