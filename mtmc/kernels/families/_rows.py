@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from mtmc.kernels import pointwise
+from mtmc.kernels.families.elementwise import INTERPRETED_SOURCE, interpreter_ints
 from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
 from mtmc.kernels.spec import DTYPES, KernelSpec
 
@@ -328,15 +329,23 @@ class RowTemplate:
                  "rows64 = rows.to(tl.int64)  # element offsets can pass 2**31",
                  *body]
         if self.config["PERSISTENT"]:
-            walk = ["for group in range(tl.program_id(0), tl.cdiv(M, ROWS_PER_PROG), tl.num_programs(0)):",
+            walk = ["first, groups, stride = tl.program_id(0), tl.cdiv(M, ROWS_PER_PROG), tl.num_programs(0)",
+                    *interpreter_ints(["first", "groups", "stride"]),
+                    "for group in range(first, groups, stride):",
                     *indent(group)]
         else:
             walk = ["group = tl.program_id(0)", *group]
+        if not self.single:  # the chunk loops run to N
+            walk = [*interpreter_ints(["N"]), *walk]
         return ["@triton.jit",
                 f"def {self.kernel_name}({ptrs},",
                 f"        M, N, {strides},",
                 "        BLOCK_N: tl.constexpr, ROWS_PER_PROG: tl.constexpr):",
                 *indent(walk)]
+
+    def loops(self) -> bool:
+        """Whether the kernel has a loop with run-time bounds (and so needs INTERPRETED)."""
+        return self.config["PERSISTENT"] or not self.single
 
     def launch(self) -> list[str]:
         c = self.config
@@ -366,5 +375,8 @@ class RowTemplate:
                   f"# config: BLOCK_N={c['BLOCK_N']} ROWS_PER_PROG={c['ROWS_PER_PROG']} num_warps={c['num_warps']} "
                   f"num_stages={c['num_stages']} PERSISTENT={c['PERSISTENT']}",
                   f"# {shape}" + ("; a persistent grid walks the row groups" if c["PERSISTENT"] else "")]
-        imports = ["import torch", "import triton", "import triton.language as tl"]
-        return "\n".join([*header, *imports, "", "", *self.kernel(body), "", "", *self.launch()]) + "\n"
+        imports = [*(["import os"] if self.loops() else []),
+                   "import torch", "import triton", "import triton.language as tl"]
+        interpreted = [INTERPRETED_SOURCE.strip("\n"), "", ""] if self.loops() else []
+        return "\n".join([*header, *imports, "", "", *interpreted, *self.kernel(body), "", "",
+                          *self.launch()]) + "\n"

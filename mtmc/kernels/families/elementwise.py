@@ -29,6 +29,29 @@ def sm_count(t):
 
 IMPORTS = "import torch\nimport triton\nimport triton.language as tl\n"
 
+# Loops with run-time bounds.  Triton 3.6's interpreter turns a range() bound into an int with
+# int() on a 1-element numpy array, which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be
+# converted to Python scalars", triton#9171; later interpreters squeeze the array first).  So under
+# the interpreter, and only there, the kernels make their loop bounds Python ints before the loop.
+# INTERPRETED is a constexpr: on a GPU it is False, the branch is never compiled, and the loop is
+# the same scf.for over the same values.  Kernels using it need `import os` and INTERPRETED_SOURCE.
+INTERPRETED_SOURCE = '''
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # Triton's CPU interpreter
+'''
+
+
+def interpreter_ints(names: list[str]) -> list[str]:
+    """Lines that, in Triton's interpreter only, rebind the scalar tensors `names` to Python ints
+    so that range() takes them (see INTERPRETED_SOURCE).  Always a tuple unpacking: the
+    interpreter rewrites a plain `n = value` into `n = to_tensor(value)`, making the int a tensor
+    again, and passes a tuple through as it is."""
+    single = len(names) == 1
+    targets = ", ".join(names) + ("," if single else "")
+    values = ", ".join(f"{n}.handle.data.item()" for n in names) + ("," if single else "")
+    return ["if INTERPRETED:  # Python-int range() bounds for triton 3.6 + NumPy >= 2.4 (triton#9171)",
+            f"    {targets} = {values}" + ("  # unpacked, or the interpreter makes it a tensor again"
+                                          if single else "")]
+
 
 # -- render helpers shared with the matmul family -----------------------------------------
 def indent(lines: list[str], depth: int = 1) -> list[str]:
@@ -100,7 +123,9 @@ def flat_kernel_source(kernel: str, chain: list[dict], x_params: list[str], x_li
     body.append("tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=mask)")
     if persistent:
         body = ["# persistent: a fixed grid strides over all the blocks",
-                "for block in range(tl.program_id(0), (numel + BLOCK - 1) // BLOCK, tl.num_programs(0)):",
+                "first, blocks, stride = tl.program_id(0), (numel + BLOCK - 1) // BLOCK, tl.num_programs(0)",
+                *interpreter_ints(["first", "blocks", "stride"]),
+                "for block in range(first, blocks, stride):",
                 *indent(body)]
     else:
         body = ["block = tl.program_id(0)", *body]
@@ -189,7 +214,9 @@ class ElementwiseFamily(Family):
         ]
         header = (f"# elementwise chain over x [M, N] {spec.dtype}: {pointwise.describe_chain(chain)}\n"
                   f"# config: {config_line(config)}\n")
-        return (header + IMPORTS + "\n\n" + kernel + "\n" + SM_COUNT_SOURCE + "\n\n"
+        interpreted = INTERPRETED_SOURCE.strip("\n") + "\n\n\n" if persistent else ""
+        return (header + ("import os\n" if persistent else "") + IMPORTS + "\n\n" + interpreted
+                + kernel + "\n" + SM_COUNT_SOURCE + "\n\n"
                 + signature("launch", [*names, "*", "out"]) + "\n" + "\n".join(indent(launch)) + "\n")
 
     # -- cost and checking -----------------------------------------------------------------

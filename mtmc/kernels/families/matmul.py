@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.families.elementwise import (
-    CPU_SMS, IMPORTS, SM_COUNT_SOURCE, chain_lines, config_line, flat_kernel_source, indent, operand_loads,
-    operand_steps, signature, step_lines,
+    CPU_SMS, IMPORTS, INTERPRETED_SOURCE, SM_COUNT_SOURCE, chain_lines, config_line, flat_kernel_source, indent,
+    interpreter_ints, operand_loads, operand_steps, signature, step_lines,
 )
 from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
 from mtmc.kernels.spec import KernelSpec
@@ -40,11 +40,8 @@ def grouped_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 # Triton's interpreter multiplies the bit patterns of bf16 tiles in tl.dot (triton#11584), so
 # there, and only there, bf16 tiles are upcast first (exact: a bf16 product fits in fp32).
-BF16_INTERPRETER_SOURCE = '''
-DOT_UPCAST = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # see triton#11584
-'''
 BF16_UPCAST = """
-        if DOT_UPCAST:
+        if INTERPRETED:  # see triton#11584
             a, b = a.to(tl.float32), b.to(tl.float32)"""
 
 DOT_TILE_SOURCE = '''
@@ -63,6 +60,7 @@ def dot_tile(a_ptr, b_ptr, off_m, off_n, k_lo, k_hi, M, N, stride_am, stride_ak,
     b_ptrs = b_ptr + (k_lo.to(tl.int64) * stride_bk + off_n.to(tl.int64) * stride_bn)
     b_ptrs += rk[:, None] * stride_bk + rn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+{interpreter_ints}
     for k in range(k_lo, k_hi, BLOCK_K):
         mask_k = k + rk < k_hi
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
@@ -176,13 +174,13 @@ class MatmulFamily(Family):
         dot = ('tl.dot(a, b, acc=acc, input_precision="ieee")  # fp32: IEEE products, no tf32'
                if spec.dtype == "float32" else "tl.dot(a, b, acc=acc)  # fp32 accumulation")
         bf16 = spec.dtype == "bfloat16"
-        dot_tile = DOT_TILE_SOURCE.replace("{dot}", dot).replace("{upcast}", BF16_UPCAST if bf16 else "")
-        blocks = [*([BF16_INTERPRETER_SOURCE] if bf16 else []), GROUPED_TILE_SOURCE, dot_tile,
-                  self._kernel(epi, cfg)]
+        dot_tile = (DOT_TILE_SOURCE.replace("{dot}", dot).replace("{upcast}", BF16_UPCAST if bf16 else "")
+                    .replace("{interpreter_ints}", "\n".join(indent(interpreter_ints(["k_lo", "k_hi"])))))
+        blocks = [INTERPRETED_SOURCE, GROUPED_TILE_SOURCE, dot_tile, self._kernel(epi, cfg)]
         if split > 1:
             blocks.append(self._reduce_kernel(epi))
         blocks += [SM_COUNT_SOURCE, self._launch(spec, cfg)]
-        return (self._header(spec, cfg) + ("import os\n" if bf16 else "") + IMPORTS + "\n\n"
+        return (self._header(spec, cfg) + "import os\n" + IMPORTS + "\n\n"
                 + "\n\n\n".join(b.strip("\n") for b in blocks) + "\n")
 
     def _header(self, spec: KernelSpec, cfg: dict) -> str:
@@ -231,7 +229,9 @@ class MatmulFamily(Family):
                      "tl.store(out_ptr + tile_off + local, x.to(out_ptr.dtype.element_ty), mask=mask)"]
         if cfg["PERSISTENT"]:
             head = ["# persistent: one program per SM strides over the work items",
-                    "for w in range(tl.program_id(0), B * SPLIT_K * tiles, tl.num_programs(0)):"]
+                    "first, work, stride = tl.program_id(0), B * SPLIT_K * tiles, tl.num_programs(0)",
+                    *interpreter_ints(["first", "work", "stride"]),
+                    "for w in range(first, work, stride):"]
             body = [*head, *indent(body)]
         else:
             body = ["w = tl.program_id(0)", *body]
