@@ -7,11 +7,11 @@ few configs, against PyTorch, plus the cost of transposing B once.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
 
+from bench.record import run_meta
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.parse import parse_request
 from mtmc.tools.hardware import resolve
@@ -29,7 +29,6 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32")
     args = p.parse_args(argv)
     import torch
-    import triton
     rows = []
     for layout, req in REQUESTS.items():
         spec = parse_request(req.format(dtype=args.dtype)).spec
@@ -46,9 +45,7 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     w = torch.randn(4096, 4096, device="cuda", dtype=getattr(torch, spec.dtype))
     transpose_ms = bench_ms(lambda: w.t().contiguous())
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-            "transpose_4096x4096_ms": transpose_ms}
+    meta = run_meta(transpose_4096x4096_ms=transpose_ms)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"{meta['date'][:10]}-matmul-layout"

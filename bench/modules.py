@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import ast
-import datetime as dt
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.record import Results, run_meta
 from mtmc.agents.context import Context
 from mtmc.agents.module_flow import optimize_module
 
@@ -108,16 +107,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--name", default=None)
     args = p.parse_args(argv)
-    import torch
-    import triton
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (estimates)"
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-            "torch": torch.__version__, "triton": triton.__version__, "max_steps": args.max_steps,
-            "sizes": {k: {n: list(v) if isinstance(v, tuple) else v for n, v in d.items()} for k, d in FULL_SIZE.items()}}
     names = args.only or list(FULL_SIZE)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or f"{meta['date'][:10]}-modules-{gpu.replace(' ', '_')}"
+    sizes = {k: {n: list(v) if isinstance(v, tuple) else v for n, v in d.items()} for k, d in FULL_SIZE.items()}
+    results = Results(args.out, args.name, "modules", "modules at full size", table,
+                      run_meta(max_steps=args.max_steps, sizes=sizes))
     ctx = Context(max_steps=args.max_steps)
     rows = []
     with tempfile.TemporaryDirectory(prefix="mtmc-modules-") as tmp:
@@ -131,9 +124,8 @@ def main(argv=None) -> int:
                 s = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
             rows.append({**row(name, s), "wall_s": round(time.time() - t0, 1)})
             print(f"{name}: {rows[-1]['check']} {rows[-1]['speedup_vs_eager']} ({rows[-1]['wall_s']} s)", flush=True)
-            (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-            (out / f"{stem}.md").write_text(f"# modules at full size\n\n{json.dumps(meta)}\n\n" + table(rows))
-    print((out / f"{stem}.md").read_text())
+            results.save(rows)
+    print(results.markdown.read_text())
     return 0
 
 

@@ -8,12 +8,11 @@ torch.compile in the same child process; without one the times are estimates and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
-from pathlib import Path
 
+from bench.record import Results, run_meta
 from bench.tasks import SPINE_TASKS
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request, summary_json
@@ -62,25 +61,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--name", default=None)
     args = p.parse_args(argv)
-    import torch
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (estimates)"
     requests = TASKS[args.tasks]
     if args.only:
         requests = [requests[i] for i in args.only]
     ctx = Context(max_steps=args.max_steps, out_path=None)
-    import triton
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-            "torch": torch.__version__, "triton": triton.__version__, "max_steps": args.max_steps}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or f"{meta['date'][:10]}-{args.tasks}-{gpu.replace(' ', '_')}"
-
-    def save(rows):
-        (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-        (out / f"{stem}.md").write_text(f"# {args.tasks} benchmark\n\n{json.dumps(meta)}\n\n" + table(rows))
-
-    rows = run_tasks(requests, ctx, save)
-    print((out / f"{stem}.md").read_text())
+    results = Results(args.out, args.name, args.tasks, f"{args.tasks} benchmark", table,
+                      run_meta(max_steps=args.max_steps))
+    rows = run_tasks(requests, ctx, results.save)
+    print(results.markdown.read_text())
     return 0 if all(r.get("status") == "done" for r in rows) else 1
 
 

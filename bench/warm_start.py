@@ -11,14 +11,13 @@ final times (measured on a GPU; roofline estimates without one, labelled so).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+from bench.record import Results, run_meta
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request, summary_json
 
@@ -83,24 +82,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--name", default=None)
     args = p.parse_args(argv)
-    import torch
-    import triton
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (estimates)"
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-            "torch": torch.__version__, "triton": triton.__version__, "max_steps": args.max_steps}
     pairs = [PAIRS[i] for i in args.only] if args.only else PAIRS
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or f"{meta['date'][:10]}-warm-start-{gpu.replace(' ', '_')}"
+    results = Results(args.out, args.name, "warm-start", "warm start from memory", table,
+                      run_meta(max_steps=args.max_steps))
     ctx = Context(max_steps=args.max_steps)
     rows = []
     for a, b in pairs:
         rows.append(measure_pair(a, b, ctx))
         print(json.dumps({k: {kk: v[kk] for kk in ("final_step", "steps_run", "final_time_ms", "warm_start")}
                           for k, v in rows[-1].items()}), flush=True)
-        (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-        (out / f"{stem}.md").write_text(f"# warm start from memory\n\n{json.dumps(meta)}\n\n" + table(rows))
-    print((out / f"{stem}.md").read_text())
+        results.save(rows)
+    print(results.markdown.read_text())
     return 0
 
 
