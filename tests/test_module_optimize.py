@@ -29,7 +29,7 @@ from mtmc.kernels.fxjson import Unreproducible, encode_node, rebuild_graph, reso
 from mtmc.kernels.loader import load_file
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import resolve
-from mtmc.tools.guard import ReferenceFailed, check_candidate, run_reference
+from mtmc.tools.guard import ReferenceFailed, run_reference
 
 MODULES = Path(__file__).parent / "modules"
 BAD = MODULES / "bad"

@@ -9,7 +9,7 @@ from mtmc.agents.state import State
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.parse import parse_request
 from mtmc.kernels.spec import KernelSpec
-from mtmc.memory import MemoryUnavailable, Store
+from mtmc.memory import Store
 from mtmc.tools.hardware import resolve
 
 
