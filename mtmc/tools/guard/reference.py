@@ -7,7 +7,8 @@ child (the reference is uploaded code too, and the candidate never shares a proc
       the float64 ground truth could be computed), "eager_ms" (GPU only), "outputs"}
 
 It builds Model(*get_init_inputs()) under a fresh seed, draws one set of inputs per variant
-(guard.draw), runs Model eagerly on the device and in float64 on the CPU, and writes
+(guard.draw), runs Model eagerly on the device and in float64 (on the device too, the CPU when it runs out
+of memory), and writes
   dir/inputs.pt     init inputs, the state_dict, the mode and every trial's inputs (what the
                     candidate gets)
   dir/reference.pt  eager and float64 outputs (what it must never see; the parent deletes it
@@ -54,15 +55,27 @@ def _eager(model, inputs, device):
     return [o.detach().cpu().clone() for o in outs], counter.ops
 
 
-def _float64(model64, inputs):
+def _float64(model64, inputs, device):
+    """Model's outputs in float64, on the GPU where there is one (a float64 forward of a
+    GiB-sized module takes minutes on the CPU), on the CPU when the GPU runs out of memory."""
     import torch
     if model64 is None:
         return None
-    try:
-        with torch.no_grad():
-            return [o.detach().to(torch.float64) for o in outputs_of(model64(*to_device(inputs, "cpu", torch.float64)))]
-    except Exception:  # an op without a float64 kernel: ground truth falls back to eager
-        return None
+    for where in dict.fromkeys((device, "cpu")):
+        try:
+            with torch.no_grad():
+                model64.to(where)
+                outs = outputs_of(model64(*to_device(inputs, where, torch.float64)))
+                return [o.detach().to("cpu", torch.float64) for o in outs]
+        except torch.cuda.OutOfMemoryError:
+            model64.to("cpu")
+            torch.cuda.empty_cache()
+        except Exception:  # an op without a float64 kernel: ground truth falls back to eager
+            return None
+        finally:
+            if where != "cpu":
+                model64.to("cpu")  # keep the GPU free for the eager model and later variants
+    return None
 
 
 def _mode(model, get_inputs, device) -> str:
@@ -129,7 +142,7 @@ def reference_job(job: dict) -> dict:
             notes.append(f"inputs cut along dim 0 to {[list(x.shape) for x in inputs if hasattr(x, 'shape')]} "
                          "for Triton's interpreter")
         ops = ops if ops is not None else counted
-        trials.append({"variant": variant, "inputs": inputs, "eager": eager, "ref64": _float64(model64, inputs)})
+        trials.append({"variant": variant, "inputs": inputs, "eager": eager, "ref64": _float64(model64, inputs, device)})
     has64 = all(t["ref64"] is not None and len(t["ref64"]) == len(t["eager"]) for t in trials)
     if not has64:
         notes.append("Model does not run in float64: outputs are judged against eager PyTorch")
