@@ -77,6 +77,38 @@ def test_check_dims_cover_tail_and_grid_stride(family, cfg):
     assert_correct(family, spec, cfg, dims)
 
 
+@st.composite
+def strided_cases(draw):
+    """A reduction over the middle dim of [P, N, Q] (spec params inner=Q), with a prologue
+    operand laid out like x, and a config from the strided space."""
+    op = draw(st.sampled_from(reduction.FAMILY.ops))
+    P, N, Q = draw(st.integers(1, 3)), draw(st.integers(1, 150)), draw(st.integers(2, 70))
+    params = {"inner": Q, "prologue": draw(st.sampled_from([[], [{"op": "abs"}], [{"op": "residual"}]]))}
+    spec = spec_of(reduction.FAMILY, op, P * Q, N, draw(st.sampled_from(DTYPES)), **params)
+    space = reduction.FAMILY.config_space(spec)
+    return spec, {knob: draw(st.sampled_from(values)) for knob, values in space.items()}
+
+
+@PROPERTY
+@given(case=strided_cases())
+def test_strided_reductions_match_pytorch(case):
+    spec, cfg = case
+    assert_correct(reduction.FAMILY, spec, cfg)
+
+
+def test_strided_reduction_reads_x_in_place_not_transposed():
+    """The reference reads x's buffer as [M / inner, N, inner]: a kernel that treats it as plain
+    rows computes something else and is rejected."""
+    spec = spec_of(reduction.FAMILY, "sum", 2 * 24, 40, inner=24)
+    cfg = reduction.FAMILY.default_config(spec, H200)
+    assert cfg["PERSISTENT"] is False and cfg["ROWS_PER_PROG"] in _rows.INNER_ROWS_PER_PROG
+    assert reduction.FAMILY.check_dims(spec, cfg)["M"] % 24 == 0
+    assert_correct(reduction.FAMILY, spec, cfg)
+    plain = KernelSpec("reduction", "sum", spec.dims, "float32", {})
+    wrong = reduction.FAMILY.render(plain, reduction.FAMILY.default_config(plain, H200))
+    assert not check(spec, wrong, None, device="cpu").ok
+
+
 def test_check_dims_non_persistent_are_small():
     spec = spec_of(softmax.FAMILY, "softmax", 4096, 5000)
     for rows in _rows.ROWS_PER_PROG:
@@ -247,6 +279,9 @@ def test_describe():
     (reduction.FAMILY, "prod", {}, None, "prod"),
     (reduction.FAMILY, "sum", {}, {"M": 4}, "dims"),
     (reduction.FAMILY, "sum", {}, {"M": 4, "N": 0}, "positive"),
+    (reduction.FAMILY, "sum", {"inner": 3}, None, "divide"),
+    (reduction.FAMILY, "max", {"inner": 0}, None, "inner"),
+    (softmax.FAMILY, "softmax", {"inner": 2}, None, "inner"),
 ])
 def test_validate_rejects_bad_specs(family, op, params, dims, match):
     spec = KernelSpec(family.name, op, dims or {"M": 4, "N": 8}, "float32", params)

@@ -253,7 +253,8 @@ def test_reductions_over_a_middle_dim_share_their_prologue():
     mean, mx, head = part.groups
     assert (mean.spec["op"], mean.out) == ("mean", {"kind": "reduced", "dim": 1, "keepdim": False})
     assert mx.spec["op"] == "max" and mx.spec["dims"] == {"M": 48, "N": 12}
-    assert mean.inputs[0]["dim"] == 1  # moved last for the kernel
+    # read in place as [3, 12, 16] (no transposed copy of x, which cost 3.6 ms at full size on the H200)
+    assert mean.inputs[0] == {"arg": 0, "view": "strided", "dim": 1} and mean.spec["params"]["inner"] == 16
     # |x| feeds both reductions: each recomputes it instead of a third kernel writing it out
     assert mean.spec["params"]["prologue"] == mx.spec["params"]["prologue"] == [{"op": "abs"}]
     assert mean.args[0] == mx.args[0] == {"node": "x"}

@@ -116,11 +116,9 @@ def _without_prelude_imports(source: str) -> str:
 def _view(v: str, view: dict) -> str:
     kind = view["view"]
     if kind == "rows":
-        if "dim" in view:
-            d = view["dim"]
-            code = f"{v}.movedim({d}, -1).reshape(-1, {v}.shape[{d}])"
-        else:
-            code = f"{v}.reshape(-1, {v}.shape[-1])"
+        code = f"{v}.reshape(-1, {v}.shape[-1])"
+    elif kind == "strided":  # the kernel reads the [outer, dim, inner] buffer as it lies
+        code = f"{v}.contiguous().reshape(-1, {v}.shape[{view['dim']}])"
     elif kind == "flat":
         code = f"{v}.reshape(1, -1)"
     elif kind == "vector":

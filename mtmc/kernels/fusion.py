@@ -40,7 +40,8 @@ class Group:
 
     args:   the values the wrapper takes, in order: {"node": name} or {"attr": param path}.
     inputs: one per kernel input, in the family's order: {"arg": i, "view": kind, ...}.
-            views: "rows" ([-1, last dim]; "dim": moved last first), "flat" ([1, -1]),
+            views: "rows" ([-1, last dim]), "strided" (the contiguous buffer as [-1, "dim"]: a
+            reduction over a middle dim reads it in place), "flat" ([1, -1]),
             "vector" ([-1]), "batched" ([-1, M, K]), "as_is", "like" (expanded to the shape
             of "of": "main" or "out", then viewed like it).
     out:    how the output is made and viewed back: {"kind": "same" | "reduced" | "matmul" |
@@ -298,9 +299,9 @@ class Partitioner:
             main_view, dims = {"view": "flat"}, {"M": 1, "N": math.prod(shape)}
         elif a.family == "reduction":
             main_view = {"view": "rows", "contiguous": True}
-            if a.dim != len(shape) - 1:
-                main_view["dim"] = a.dim
             dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
+            if a.dim != len(shape) - 1:  # reduce in place over a middle dim: no transposed copy of x
+                main_view = {"view": "strided", "dim": a.dim}
         else:
             main_view, dims = {"view": "rows", "contiguous": True}, {"M": math.prod(shape) // shape[-1], "N": shape[-1]}
         # vector operands run along the kernel's last dim: only when x's last dim stays last
@@ -323,6 +324,8 @@ class Partitioner:
         if a.family != "reduction":
             epilogue, last = self._extend(a.out, b, shape, full, vector_ok)
         params = dict(a.params)
+        if main_view["view"] == "strided" and math.prod(shape[a.dim + 1:]) > 1:
+            params["inner"] = math.prod(shape[a.dim + 1:])
         if prologue:
             params["prologue"] = prologue
         if epilogue:

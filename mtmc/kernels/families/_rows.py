@@ -1,7 +1,10 @@
 """Shared pieces of the row-wise families (reduction, softmax, norm).
 
 All three read x [M, N] and work along the last dim N.  One program owns ROWS_PER_PROG rows, a
-[ROWS_PER_PROG, BLOCK_N] tile.  When BLOCK_N covers N the whole row is one tile held in
+[ROWS_PER_PROG, BLOCK_N] tile.  A reduction over a middle dim (params "inner" = Q > 1) reads x's
+buffer as [M / Q, N, Q] instead: row m = (p, q) has its N values Q elements apart, and a program's
+ROWS_PER_PROG rows are neighbouring q, so every load is contiguous across the tile's rows (no
+transposed copy of x is ever made).  When BLOCK_N covers N the whole row is one tile held in
 registers (single pass); otherwise the kernel loops over column chunks.  PERSISTENT launches a
 fixed grid of a few programs per SM that walk the row groups with a grid stride.
 
@@ -32,6 +35,9 @@ PACKED_TILE = 2048
 WARPS = [1, 2, 4, 8, 16]
 STAGES = [1, 2, 3, 4]
 ROWS_PER_PROG = [1, 2, 4, 8]
+# Strided ("inner") layout: a program's rows are neighbouring q, so wide tiles coalesce the loads.
+INNER_ROWS_PER_PROG = [4, 8, 16, 32, 64, 128]
+INNER_TILE = 2048
 PROGRAMS_PER_SM = 4      # persistent grid size: programs per SM
 # The default turns PERSISTENT on past this many row groups per SM (several full waves of
 # programs, where per-program launch and scheduling cost starts to show).
@@ -53,6 +59,12 @@ def indent(lines: list[str], levels: int = 1) -> list[str]:
 
 def validate_rows(spec: KernelSpec, allowed_params: set[str], epilogue: bool) -> None:
     """Checks every row family shares: dims M and N, dtype, known params, valid chains."""
+    if "inner" in spec.params:
+        inner = spec.params["inner"]
+        if isinstance(inner, bool) or not isinstance(inner, int) or inner < 1:
+            raise ValueError(f"params 'inner' must be a positive integer, got {inner!r}")
+        if isinstance(spec.dims.get("M"), int) and spec.dims["M"] % inner:
+            raise ValueError(f"params 'inner' ({inner}) must divide M ({spec.dims['M']})")
     if set(spec.dims) != {"M", "N"}:
         raise ValueError(f"{spec.family} kernels take dims M (rows) and N (columns); got {sorted(spec.dims)}")
     for name, size in spec.dims.items():
@@ -109,6 +121,7 @@ class Rows:
         self.pro_operands = chain_operands(self.prologue)
         self.epi_operands = chain_operands(self.epilogue, "epi_")
         self.vectors = list(vectors)
+        self.inner = int(spec.params.get("inner", 1))  # > 1: x's buffer is [M / inner, N, inner]
 
     def inputs(self) -> list[TensorArg]:
         def arg(op: Operand) -> TensorArg:
@@ -152,10 +165,18 @@ class Rows:
         scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
         return reference + "\n\n" + scale
 
+    def regroup(self) -> list[str]:
+        """For the strided layout: lines turning each [M, N] buffer into its logical rows."""
+        if self.inner == 1:
+            return []
+        n, q = self.spec.dims["N"], self.inner
+        return [f"{a.name} = {a.name}.reshape(-1, {n}, {q}).transpose(1, 2).reshape(-1, {n})"
+                for a in self.inputs() if len(a.shape) == 2]
+
     def ref_function(self, name: str, body: list[str], extra_args: tuple[str, ...] = ()) -> str:
         """`def name(*extra_args, *inputs)` running the prologue, then `body`."""
         args = ", ".join([*extra_args, *self.names()])
-        return "\n".join([f"def {name}({args}):", *indent(self.ref_prologue() + body)]) + "\n"
+        return "\n".join([f"def {name}({args}):", *indent(self.regroup() + self.ref_prologue() + body)]) + "\n"
 
     # -- cost --
     def work(self, per_element: float, out: TensorArg) -> tuple[float, float]:
@@ -170,7 +191,11 @@ class Rows:
 
     def describe(self, what: str) -> str:
         dims = self.spec.dims
-        text = f"{what} over the last dim of a {dims['M']}x{dims['N']} {self.spec.dtype} tensor"
+        if self.inner > 1:
+            shape = f"{dims['M'] // self.inner}x{dims['N']}x{self.inner}"
+            text = f"{what} over the middle dim of a {shape} {self.spec.dtype} tensor"
+        else:
+            text = f"{what} over the last dim of a {dims['M']}x{dims['N']} {self.spec.dtype} tensor"
         if self.prologue:
             text += f", applied to x after {pointwise.describe_chain(self.prologue)}"
         if self.epilogue:
@@ -185,9 +210,15 @@ def block_sizes(n: int) -> list[int]:
     return [1 << k for k in range(MIN_BLOCK_N.bit_length() - 1, top.bit_length())]
 
 
+def _inner(spec: KernelSpec) -> int:
+    return int(spec.params.get("inner", 1))
+
+
 def config_space(spec: KernelSpec) -> dict[str, list]:
+    strided = _inner(spec) > 1
     return {"BLOCK_N": block_sizes(spec.dims["N"]), "num_warps": list(WARPS), "num_stages": list(STAGES),
-            "ROWS_PER_PROG": list(ROWS_PER_PROG), "PERSISTENT": [False, True]}
+            "ROWS_PER_PROG": list(INNER_ROWS_PER_PROG if strided else ROWS_PER_PROG),
+            "PERSISTENT": [False] if strided else [False, True]}
 
 
 def warps_for(tile: int) -> int:
@@ -203,6 +234,11 @@ def default_config(spec: KernelSpec, hw) -> dict:
     several to a program while the grid still fills the GPU, a persistent grid only when there
     are far more row groups than programs the GPU can hold at once."""
     M, N = spec.dims["M"], spec.dims["N"]
+    if _inner(spec) > 1:  # neighbouring q as rows (coalesced loads), a short chunk of N as columns
+        rows = max(r for r in INNER_ROWS_PER_PROG if r <= max(_inner(spec), INNER_ROWS_PER_PROG[0]) and r <= 64)
+        block = min(max(MIN_BLOCK_N, next_pow2(N)), max(MIN_BLOCK_N, INNER_TILE // rows))
+        return {"BLOCK_N": block, "num_warps": warps_for(rows * block), "num_stages": 1 if block >= N else 2,
+                "ROWS_PER_PROG": rows, "PERSISTENT": False}
     sms = getattr(hw, "sms", None) or 132
     single = next_pow2(N) <= SINGLE_PASS_LIMIT
     block = max(MIN_BLOCK_N, next_pow2(N)) if single else LOOP_BLOCK_N
@@ -231,6 +267,9 @@ def check_dims(spec: KernelSpec, config: dict) -> dict[str, int]:
     off-GPU grid has programs, so the grid-stride loop turns); columns: >= 2 chunks plus the
     real tail for looped kernels, the real N for single-pass ones."""
     rows = config["ROWS_PER_PROG"]
+    inner = _inner(spec)
+    if inner > 1:  # inner is baked into the launcher: keep it, take two slabs of it
+        return {"M": inner * min(spec.dims["M"] // inner, 2), "N": small_dim(spec.dims["N"], config["BLOCK_N"])}
     full_groups = CPU_SMS * PROGRAMS_PER_SM + 1 if config["PERSISTENT"] else 1
     m = max(3, rows * full_groups + max(1, rows // 2))
     return {"M": min(spec.dims["M"], m), "N": small_dim(spec.dims["N"], config["BLOCK_N"])}
@@ -268,6 +307,9 @@ class RowTemplate:
         self.kernel_name = kernel_name
         self.out_rows_only = out_rows_only   # output [M] (reductions) rather than [M, N]
         self.single = self.config["BLOCK_N"] >= rows.spec.dims["N"]
+        self.strided = rows.inner > 1
+        if self.strided and not out_rows_only:
+            raise ValueError("the strided (inner) layout is for reductions only")
 
     # -- tile pieces --
     def chunks(self, body: list[str], comment: str = "") -> list[str]:
@@ -281,10 +323,12 @@ class RowTemplate:
     def _masks() -> list[str]:
         return ["col_mask = cols < N", "mask = row_mask[:, None] & col_mask[None, :]"]
 
-    @staticmethod
-    def load_full(name: str) -> str:
-        return (f"{name} = tl.load({name}_ptr + rows64[:, None] * stride_{name} + cols[None, :], "
-                f"mask=mask, other=0.0).to(tl.float32)")
+    def load_full(self, name: str) -> str:
+        if self.strided:
+            where = "base64[:, None] + cols[None, :].to(tl.int64) * Q"
+        else:
+            where = f"rows64[:, None] * stride_{name} + cols[None, :]"
+        return f"{name} = tl.load({name}_ptr + {where}, mask=mask, other=0.0).to(tl.float32)"
 
     @staticmethod
     def load_vector(name: str) -> str:
@@ -323,11 +367,21 @@ class RowTemplate:
 
     def kernel(self, body: list[str]) -> list[str]:
         ptrs = ", ".join(f"{n}_ptr" for n in self.rows.names()) + ", out_ptr"
-        strides = ", ".join(f"stride_{n}" for n in self._full_names()) + ", stride_out"
-        group = ["rows = group * ROWS_PER_PROG + tl.arange(0, ROWS_PER_PROG)",
-                 "row_mask = rows < M",
-                 "rows64 = rows.to(tl.int64)  # element offsets can pass 2**31",
-                 *body]
+        if self.strided:
+            strides = "Q, stride_out"
+            group = ["qblocks = tl.cdiv(Q, ROWS_PER_PROG)",
+                     "p = (group // qblocks).to(tl.int64)  # element offsets can pass 2**31",
+                     "q = (group % qblocks) * ROWS_PER_PROG + tl.arange(0, ROWS_PER_PROG)",
+                     "row_mask = q < Q",
+                     "rows64 = p * Q + q  # row (p, q) of the [M / Q, Q] output",
+                     "base64 = p * N * Q + q  # its first element in x's [M / Q, N, Q] buffer",
+                     *body]
+        else:
+            strides = ", ".join(f"stride_{n}" for n in self._full_names()) + ", stride_out"
+            group = ["rows = group * ROWS_PER_PROG + tl.arange(0, ROWS_PER_PROG)",
+                     "row_mask = rows < M",
+                     "rows64 = rows.to(tl.int64)  # element offsets can pass 2**31",
+                     *body]
         if self.config["PERSISTENT"]:
             walk = ["first, groups, stride = tl.program_id(0), tl.cdiv(M, ROWS_PER_PROG), tl.num_programs(0)",
                     *interpreter_ints(["first", "groups", "stride"]),
@@ -350,11 +404,18 @@ class RowTemplate:
     def launch(self) -> list[str]:
         c = self.config
         names = self.rows.names()
-        args = ", ".join([*names, "out", "M", "N", *(f"{n}.stride(0)" for n in self._full_names()), "out.stride(0)"])
+        strides = ["Q"] if self.strided else [f"{n}.stride(0)" for n in self._full_names()]
+        args = ", ".join([*names, "out", "M", "N", *strides, "out.stride(0)"])
         lines = [f"def launch({', '.join(names)}, *, out):", "    M, N = x.shape"]
         if self.single:
             lines.append(f"    assert N <= {c['BLOCK_N']}, 'single-pass kernel: a whole row must fit in one tile'")
-        lines.append(f"    groups = triton.cdiv(M, {c['ROWS_PER_PROG']})")
+        if self.strided:
+            lines += [f"    Q = {self.rows.inner}  # x's buffer is [M / Q, N, Q], contiguous",
+                      "    assert M % Q == 0 and all(t.is_contiguous() for t in "
+                      f"({', '.join(self._full_names())},)), 'strided kernel: contiguous [M / Q, N, Q] buffers'",
+                      f"    groups = (M // Q) * triton.cdiv(Q, {c['ROWS_PER_PROG']})"]
+        else:
+            lines.append(f"    groups = triton.cdiv(M, {c['ROWS_PER_PROG']})")
         if c["PERSISTENT"]:
             lines += ["    # persistent: a fixed grid of a few programs per SM walks the row groups",
                       f"    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else {CPU_SMS}",
@@ -371,6 +432,8 @@ class RowTemplate:
         c = self.config
         shape = ("single pass: each row is one BLOCK_N tile held in registers" if self.single
                  else "looped: each row is walked in BLOCK_N column chunks")
+        if self.strided:
+            shape += f"; rows are neighbouring q of x's [M / {self.rows.inner}, N, {self.rows.inner}] buffer"
         header = [f"# MTMC kernel: {title}",
                   f"# config: BLOCK_N={c['BLOCK_N']} ROWS_PER_PROG={c['ROWS_PER_PROG']} num_warps={c['num_warps']} "
                   f"num_stages={c['num_stages']} PERSISTENT={c['PERSISTENT']}",

@@ -1,4 +1,5 @@
-"""Row reductions: sum, mean, max, min, argmax, argmin over the last dim of x [M, N] -> [M].
+"""Row reductions: sum, mean, max, min, argmax, argmin over the last dim of x [M, N] -> [M], or
+over the middle dim of x's buffer seen as [M / inner, N, inner] (params "inner", see _rows).
 
 Looped kernels keep a [ROWS_PER_PROG, BLOCK_N] accumulator (one running value per lane) and
 reduce it across lanes once at the end, so each chunk costs only elementwise work.
@@ -49,7 +50,7 @@ class ReductionFamily(_rows.RowFamily):
 
     def validate(self, spec: KernelSpec) -> None:
         super().validate(spec)
-        _rows.validate_rows(spec, {"prologue"}, epilogue=False)
+        _rows.validate_rows(spec, {"prologue", "inner"}, epilogue=False)
 
     def output(self, spec: KernelSpec) -> TensorArg:
         return TensorArg("out", ("M",), "int64" if spec.op in INDEX_OPS else None)
@@ -72,7 +73,8 @@ class ReductionFamily(_rows.RowFamily):
         t = _rows.RowTemplate(self.layout(spec), config, f"{spec.op}_rows_kernel", out_rows_only=True)
         load = t.load_x(FILL[spec.op])
         body = _single_pass(spec.op, t, load) if t.single else _looped(spec.op, t, load)
-        title = f"{spec.op} over the last dim of x [M, N] -> out [M]"
+        title = (f"{spec.op} over the last dim of x [M, N] -> out [M]" if not t.strided
+                 else f"{spec.op} over dim 1 of x [M / Q, N, Q] -> out [M]")
         return t.module(title, body + [t.store("value")])
 
     def work(self, spec: KernelSpec) -> tuple[float, float]:
