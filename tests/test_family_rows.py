@@ -83,7 +83,7 @@ def strided_cases(draw):
     operand laid out like x, and a config from the strided space."""
     op = draw(st.sampled_from(reduction.FAMILY.ops))
     P, N, Q = draw(st.integers(1, 3)), draw(st.integers(1, 150)), draw(st.integers(2, 70))
-    params = {"inner": Q, "prologue": draw(st.sampled_from([[], [{"op": "abs"}], [{"op": "residual"}]]))}
+    params = {"inner": Q, "prologue": draw(st.sampled_from([[], [{"op": "abs"}], [{"op": "residual"}], [{"op": "bias"}, {"op": "silu"}]]))}
     spec = spec_of(reduction.FAMILY, op, P * Q, N, draw(st.sampled_from(DTYPES)), **params)
     space = reduction.FAMILY.config_space(spec)
     return spec, {knob: draw(st.sampled_from(values)) for knob, values in space.items()}

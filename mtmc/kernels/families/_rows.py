@@ -165,18 +165,33 @@ class Rows:
         scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
         return reference + "\n\n" + scale
 
-    def regroup(self) -> list[str]:
-        """For the strided layout: lines turning each [M, N] buffer into its logical rows."""
+    @property
+    def red_dim(self) -> int:
+        """The dim a reference reduces: the last of [M, N], or the middle of the strided [P, N, Q] view."""
+        return 1 if self.inner > 1 else -1
+
+    def regroup(self, logical: bool = False) -> list[str]:
+        """For the strided layout: lines viewing each [M, N] buffer as [M / inner, N, inner]
+        (a view: what eager PyTorch would reduce, so the baseline times no copy), or with
+        `logical`, as the kernel's [M, N] rows (a transposed copy, for judging outputs)."""
         if self.inner == 1:
             return []
         n, q = self.spec.dims["N"], self.inner
-        return [f"{a.name} = {a.name}.reshape(-1, {n}, {q}).transpose(1, 2).reshape(-1, {n})"
-                for a in self.inputs() if len(a.shape) == 2]
+        lines = []
+        for a in self.inputs():
+            if len(a.shape) == 2:
+                tail = f".transpose(1, 2).reshape(-1, {n})" if logical else ""
+                lines.append(f"{a.name} = {a.name}.reshape(-1, {n}, {q}){tail}")
+            elif not logical:  # an [N] vector runs along the middle dim
+                lines.append(f"{a.name} = {a.name}.reshape(-1, 1)")
+        return lines
 
-    def ref_function(self, name: str, body: list[str], extra_args: tuple[str, ...] = ()) -> str:
+    def ref_function(self, name: str, body: list[str], extra_args: tuple[str, ...] = (),
+                     logical: bool = False) -> str:
         """`def name(*extra_args, *inputs)` running the prologue, then `body`."""
         args = ", ".join([*extra_args, *self.names()])
-        return "\n".join([f"def {name}({args}):", *indent(self.regroup() + self.ref_prologue() + body)]) + "\n"
+        lines = self.regroup(logical) + self.ref_prologue() + body
+        return "\n".join([f"def {name}({args}):", *indent(lines)]) + "\n"
 
     # -- cost --
     def work(self, per_element: float, out: TensorArg) -> tuple[float, float]:

@@ -57,16 +57,18 @@ class ReductionFamily(_rows.RowFamily):
 
     def reference_source(self, spec: KernelSpec) -> str:
         rows = self.layout(spec)
-        parts = [rows.ref_function("reference", [f"return {TORCH[spec.op]}(x, dim=-1)"])]
+        flat = ".reshape(-1)" if rows.inner > 1 else ""  # [P, Q] results in the kernel's row order
+        parts = [rows.ref_function("reference", [f"return {TORCH[spec.op]}(x, dim={rows.red_dim}){flat}"])]
         if spec.op in ("sum", "mean"):
             # accumulation-order error grows with the sum of |x|, not with |sum x|
             reduce = "sum" if spec.op == "sum" else "mean"
-            parts.append(rows.ref_function("error_scale", [f"return x.abs().{reduce}(dim=-1)"]))
+            parts.append(rows.ref_function("error_scale", [f"return x.abs().{reduce}(dim={rows.red_dim}){flat}"]))
         if spec.op in INDEX_OPS:
             tol = 1e-5 if rows.prologue else 0.0   # no prologue: the kernel compares exact values
             largest = INDEX_OPS[spec.op] == "max"
             parts += [_INDEX_JUDGE,
-                      rows.ref_function("compare", [f"return _judge_index(out, x, {largest}, {tol})"], ("out",))]
+                      rows.ref_function("compare", [f"return _judge_index(out, x, {largest}, {tol})"], ("out",),
+                                        logical=True)]
         return "\n\n".join(parts)
 
     def render(self, spec: KernelSpec, config: dict) -> str:
