@@ -48,6 +48,13 @@ def steps(draw):
     return {"op": op}
 
 
+@st.composite
+def periodic_steps(draw):
+    """A two-operand step whose operand broadcasts: element i meets operand[(i // every) % period]."""
+    return {"op": draw(st.sampled_from(list(pointwise.BINARY))), "every": draw(st.sampled_from([1, 3, 64])),
+            "period": draw(st.sampled_from([1, 2, 33]))}
+
+
 def drawn_config(draw, space: dict, caps: dict) -> dict:
     """One value per knob from the family's own config space, under `caps` (interpreter cost)."""
     return {k: draw(st.sampled_from([v for v in values if k not in caps or v <= caps[k]]))
@@ -59,7 +66,7 @@ def drawn_config(draw, space: dict, caps: dict) -> dict:
 def elementwise_cases(draw):
     spec = KernelSpec("elementwise", "chain",
                       {"M": draw(st.integers(1, 200)), "N": draw(st.integers(1, 300))},
-                      draw(st.sampled_from(DTYPES)), {"chain": draw(st.lists(steps(), min_size=1, max_size=4))})
+                      draw(st.sampled_from(DTYPES)), {"chain": draw(st.lists(st.one_of(steps(), periodic_steps()), min_size=1, max_size=4))})
     return spec, drawn_config(draw, ELEMENTWISE.config_space(spec), {"BLOCK": 4096})
 
 
@@ -183,10 +190,23 @@ def test_check_rejects_an_unwritten_tail():
     assert not result.ok and "NaN" in result.reason
 
 
+def test_elementwise_periodic_operand_read_at_the_wrong_place_is_rejected():
+    """A kernel that reads a broadcast operand as if it ran along the last dim gets caught."""
+    spec = KernelSpec("elementwise", "chain", {"M": 30, "N": 7}, "float32",
+                      {"chain": [{"op": "add", "every": 35, "period": 3}]})
+    cfg = ELEMENTWISE.default_config(spec, H200)
+    assert_matches_torch(spec, cfg)
+    source = ELEMENTWISE.render(spec, cfg)
+    wrong = source.replace("((offs) // 35) % 3", "(offs) % 3")
+    assert wrong != source and not check(spec, wrong, spec.dims, device="cpu").ok
+
+
 # -- the plain-data parts -------------------------------------------------------------------
 @pytest.mark.parametrize("params, match", [
     ({}, "non-empty"), ({"chain": []}, "non-empty"), ({"chain": [{"op": "wiggle"}]}, "unknown pointwise op"),
     ({"chain": [{"op": "scale"}]}, "numeric 'value'"),
+    ({"chain": [{"op": "relu", "every": 2, "period": 3}]}, "periodic"),
+    ({"chain": [{"op": "add", "every": 0, "period": 3}]}, "periodic"),
 ])
 def test_elementwise_validate_rejects_bad_chains(params, match):
     with pytest.raises(ValueError, match=match):
@@ -195,7 +215,7 @@ def test_elementwise_validate_rejects_bad_chains(params, match):
 
 @pytest.mark.parametrize("op, params, match", [
     ("matmul", {"b_layout": "mn"}, "b_layout"), ("matmul", {"epilogue": [{"op": "wiggle"}]}, "unknown"),
-    ("gemv", {}, "no op"),
+    ("gemv", {}, "no op"), ("matmul", {"epilogue": [{"op": "add", "every": 1, "period": 4}]}, "periodic"),
 ])
 def test_matmul_validate_rejects_bad_specs(op, params, match):
     with pytest.raises(ValueError, match=match):

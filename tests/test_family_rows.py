@@ -130,6 +130,10 @@ CHAIN_CASES = [
      {"prologue": [{"op": "residual"}], "epilogue": [{"op": "bias"}, {"op": "relu"}]}),
     (norm.FAMILY, "layernorm", "bfloat16", {"affine": False, "eps": 1e-3, "prologue": [{"op": "shift", "value": 3.0}]}),
     (norm.FAMILY, "rmsnorm", "float32", {"affine": False, "epilogue": [{"op": "scale", "value": 2.0}, {"op": "silu"}]}),
+    # broadcast (periodic) operands read in place: a mask over heads, a per-channel scale
+    (softmax.FAMILY, "softmax", "float16", {"prologue": [{"op": "add", "every": 1, "period": 300}]}),
+    (norm.FAMILY, "layernorm", "float32", {"epilogue": [{"op": "mul", "every": 150, "period": 3}]}),
+    (reduction.FAMILY, "max", "bfloat16", {"prologue": [{"op": "sub", "every": 2, "period": 75}]}),
 ]
 
 
@@ -282,6 +286,7 @@ def test_describe():
     (reduction.FAMILY, "sum", {"inner": 3}, None, "divide"),
     (reduction.FAMILY, "max", {"inner": 0}, None, "inner"),
     (softmax.FAMILY, "softmax", {"inner": 2}, None, "inner"),
+    (reduction.FAMILY, "sum", {"inner": 2, "prologue": [{"op": "add", "every": 1, "period": 2}]}, None, "periodic"),
 ])
 def test_validate_rejects_bad_specs(family, op, params, dims, match):
     spec = KernelSpec(family.name, op, dims or {"M": 4, "N": 8}, "float32", params)

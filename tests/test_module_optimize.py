@@ -155,9 +155,10 @@ def test_residual_and_norm():
 def test_scaled_masked_softmax_is_one_kernel():
     (g,) = groups_of("scaled_masked_softmax.py")
     assert g.family == "softmax"
-    assert g.spec["params"]["prologue"] == [{"op": "scale", "value": 0.125}, {"op": "add"}]
+    # the [S, S] mask broadcast over batch and heads is read in place, not expanded to full size
+    assert g.spec["params"]["prologue"] == [{"op": "scale", "value": 0.125}, {"op": "add", "every": 1, "period": 256}]
     assert g.spec["dims"] == {"M": 96, "N": 16}
-    assert any("expanded" in n for n in g.notes)  # the [S, S] mask is broadcast over batch and heads
+    assert g.inputs[1]["view"] == "periodic" and not any("expanded" in n for n in g.notes)
 
 
 def test_hand_written_rmsnorm_and_gated_mlp():
@@ -231,6 +232,9 @@ def test_conv_stays_pytorch_and_its_tail_is_fused():
     part = partition(captured("conv_bias_act.py"))
     (g,) = part.groups
     assert chain_ops(g.spec["params"]["chain"]) == ["add", "scale", "leaky_relu", "tanh"]
+    # the [C, 1, 1] bias on [B, C, H, W]: channel (i // (H * W)) % C, read in place
+    assert g.spec["params"]["chain"][0] == {"op": "add", "every": 64, "period": 8}
+    assert g.inputs[1]["view"] == "periodic" and not g.notes
     assert [t["node"] for t in part.torch_ops] == ["conv"]
     assert part.torch_ops[0]["why"] == "outside the kernel catalog"
 

@@ -121,6 +121,8 @@ def _view(v: str, view: dict) -> str:
         code = f"{v}.contiguous().reshape(-1, {v}.shape[{view['dim']}])"
     elif kind == "flat":
         code = f"{v}.reshape(1, -1)"
+    elif kind == "periodic":  # a broadcast operand, flat in its own row-major order
+        code = f"{v}.contiguous().reshape(-1)"
     elif kind == "vector":
         code = f"{v}.reshape(-1)"
     elif kind == "batched":

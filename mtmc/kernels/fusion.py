@@ -14,8 +14,10 @@ Groups, found in graph order:
 A node joins a group only when all its users are in the group (the kernel returns one value),
 so the fused group computes exactly what the nodes did.  Everything else (convolutions,
 concatenations, views, ops outside the catalog) stays a PyTorch call; `torch_ops` says which and
-why.  Broadcast operands a kernel cannot index (a [C, 1, 1] bias on NCHW, a mask broadcast over
-heads) are expanded to full size first, which costs memory traffic; the group's notes say so.
+why.  Broadcast operands (a [C, 1, 1] bias on NCHW, an [S, S] mask over heads) are read in place
+as periodic operands by elementwise and row-wise kernels; where one cannot be (a matmul
+epilogue, a middle-dim reduction, kept dims split by broadcast ones) it is expanded to full size
+first, which costs memory traffic, and the group's notes say so.
 """
 from __future__ import annotations
 
@@ -34,13 +36,28 @@ from mtmc.kernels.spec import DTYPES, KernelSpec
 
 # -- groups -----------------------------------------------------------------------------------
 
+def _periodic_pattern(oshape: list[int], full: list[int]) -> dict | None:
+    """{"every", "period"} when an operand of shape `oshape` broadcast to `full` is one run of
+    kept dims (so element i of the row-major full tensor meets operand[(i // every) % period]);
+    None when its kept dims are split by broadcast ones ([B, 1, S, 1])."""
+    o = [1] * (len(full) - len(oshape)) + list(oshape)
+    kept = [i for i, (a, f) in enumerate(zip(o, full)) if a == f and f > 1]
+    if not kept:
+        return {"every": 1, "period": 1}
+    lo, hi = kept[0], kept[-1]
+    if any(o[i] != full[i] for i in range(lo, hi + 1)):
+        return None
+    return {"every": math.prod(full[hi + 1:]), "period": math.prod(full[lo:hi + 1])}
+
+
 @dataclass
 class Group:
     """One kernel's worth of the graph, with everything needed to call it in place.
 
     args:   the values the wrapper takes, in order: {"node": name} or {"attr": param path}.
     inputs: one per kernel input, in the family's order: {"arg": i, "view": kind, ...}.
-            views: "rows" ([-1, last dim]), "strided" (the contiguous buffer as [-1, "dim"]: a
+            views: "rows" ([-1, last dim]), "periodic" (a broadcast operand, flat, read in
+            place: pointwise's periodic steps), "strided" (the contiguous buffer as [-1, "dim"]: a
             reduction over a middle dim reads it in place), "flat" ([1, -1]),
             "vector" ([-1]), "batched" ([-1, M, K]), "as_is", "like" (expanded to the shape
             of "of": "main" or "out", then viewed like it).
@@ -187,13 +204,19 @@ class Partitioner:
         if vector_ok and is_vector and s.binop == "add" and oshape != full_shape:
             b.inputs.append({"arg": b.arg(other), "view": "vector"})
             return [{"op": "bias"}]
-        if oshape != full_shape:
+        # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
+        pattern = _periodic_pattern(oshape, full_shape) if vector_ok and operand_view.get("of") == "main" else None
+        if oshape != full_shape and pattern is None:
             b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
                            "for the kernel (a copy)")
-        b.inputs.append({"arg": b.arg(other), **operand_view})
+        if oshape != full_shape and pattern is not None:
+            b.inputs.append({"arg": b.arg(other), "view": "periodic"})
+        else:
+            b.inputs.append({"arg": b.arg(other), **operand_view})
+            pattern = {}
         if s.binop == "sub" and not first:
-            return [{"op": "neg"}, {"op": "add"}]
-        return [{"op": _BINOP_STEP[s.binop]}]
+            return [{"op": "neg"}, {"op": "add", **pattern}]
+        return [{"op": _BINOP_STEP[s.binop], **pattern}]
 
     def _scalar_step(self, binop: str, other, first: bool, b: _Builder) -> list[dict] | None:
         num = self.g.number(other)

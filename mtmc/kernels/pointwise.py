@@ -3,7 +3,11 @@
 A chain is a list of steps, each a dict: {"op": NAME} plus "value" for scalar steps.  Every op
 has a Triton expression (computed in fp32 inside kernels) and a torch expression (the reference,
 run in float64 by the verifier and in the native dtype for eager timing).  Operand steps read a
-second tensor: "bias" a vector over the last dim N, the binary ops a full [M, N] tensor.
+second tensor: "bias" a vector over the last dim N, the binary ops a full [M, N] tensor, or,
+with "every" and "period" in the step, a broadcast ("periodic") operand of `period` values:
+element i of x (row-major over the whole tensor) meets operand[(i // every) % period].  That is
+how a [C, 1, 1] bias or an [S, S] mask broadcasts over a larger tensor, read in place instead
+of expanded to full size.
 """
 from __future__ import annotations
 
@@ -59,6 +63,18 @@ def all_ops() -> set[str]:
     return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR)
 
 
+# The torch side of a periodic step; reference sources that use one include it.
+PERIODIC_SOURCE = '''
+def _periodic(f, x, y, every, period):
+    """f(x, y) where element i of x meets y[(i // every) % period] (a broadcast operand)."""
+    n = x.numel()
+    if n % (every * period) == 0:  # a true broadcast: a view, as eager PyTorch does it
+        return f(x.reshape(-1, period, every), y.reshape(period, 1)).reshape(x.shape)
+    idx = torch.arange(n, device=x.device).div(every, rounding_mode="floor") % period
+    return f(x, y.reshape(-1)[idx].reshape(x.shape))
+'''
+
+
 def validate_chain(chain: list[dict]) -> None:
     for step in chain:
         op = step.get("op")
@@ -66,12 +82,22 @@ def validate_chain(chain: list[dict]) -> None:
             raise ValueError(f"unknown pointwise op {op!r}; known: {', '.join(sorted(all_ops()))}")
         if op in SCALAR and not isinstance(step.get("value"), (int, float)):
             raise ValueError(f"pointwise op {op!r} needs a numeric 'value'")
+        if "every" in step or "period" in step:
+            ints = [step.get(k) for k in ("every", "period")]
+            if op not in BINARY or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in ints):
+                raise ValueError(f"a periodic operand needs a two-operand op and positive integers "
+                                 f"'every' and 'period'; got {step}")
+
+
+def is_periodic(step: dict) -> bool:
+    return "period" in step
 
 
 def operand_kind(step: dict) -> str | None:
-    """"full" for an [M, N] operand, "vector" for an [N] one, None for no operand."""
+    """"full" for an [M, N] operand, "vector" for an [N] one, "periodic" for a broadcast one
+    of step["period"] values, None for no operand."""
     if step["op"] in BINARY:
-        return "full"
+        return "periodic" if is_periodic(step) else "full"
     if step["op"] in VECTOR:
         return "vector"
     return None
@@ -94,6 +120,9 @@ def _expr(table_index: int, chain: list[dict], x: str, operand_names: dict[int, 
             x = UNARY[op][table_index].format(x=x)
         elif op in SCALAR:
             x = SCALAR[op][table_index].format(x=x, v=repr(float(step["value"])))
+        elif op in BINARY and is_periodic(step) and table_index == 1:
+            f = BINARY[op][1].format(x="a", y="b")
+            x = f"_periodic(lambda a, b: {f}, {x}, {operand_names[i]}, {step['every']}, {step['period']})"
         elif op in BINARY:
             x = BINARY[op][table_index].format(x=x, y=operand_names[i])
         else:
@@ -111,8 +140,21 @@ def torch_expr(chain: list[dict], x: str, operand_names: dict[int, str]) -> str:
     return _expr(1, chain, x, operand_names)
 
 
+def periodic_offsets(step: dict, flat: str) -> str:
+    """Triton offsets of a periodic operand for the elements at flat (row-major) index `flat`."""
+    index = f"({flat})" if step["every"] == 1 else f"(({flat}) // {step['every']})"
+    return f"{index} % {step['period']}"
+
+
+def uses_periodic(chain: list[dict]) -> bool:
+    return any(is_periodic(step) for step in chain)
+
+
 def describe_chain(chain: list[dict]) -> str:
     parts = []
     for step in chain:
+        if is_periodic(step):
+            parts.append(f"{step['op']}(broadcast of {step['period']})")
+            continue
         parts.append(f"{step['op']}({step['value']})" if "value" in step else step["op"])
     return " -> ".join(parts) if parts else "identity"

@@ -65,6 +65,8 @@ def validate_rows(spec: KernelSpec, allowed_params: set[str], epilogue: bool) ->
             raise ValueError(f"params 'inner' must be a positive integer, got {inner!r}")
         if isinstance(spec.dims.get("M"), int) and spec.dims["M"] % inner:
             raise ValueError(f"params 'inner' ({inner}) must divide M ({spec.dims['M']})")
+        if inner > 1 and pointwise.uses_periodic(spec.params.get("prologue", [])):
+            raise ValueError("the strided (inner) layout takes no broadcast (periodic) operands")
     if set(spec.dims) != {"M", "N"}:
         raise ValueError(f"{spec.family} kernels take dims M (rows) and N (columns); got {sorted(spec.dims)}")
     for name, size in spec.dims.items():
@@ -99,13 +101,19 @@ def number_param(spec: KernelSpec, key: str, default: float, positive: bool = Fa
 @dataclass(frozen=True)
 class Operand:
     name: str
-    kind: str      # "full": [M, N]; "vector": [N]
+    kind: str      # "full": [M, N]; "vector": [N]; "periodic": [period], see pointwise
     step: int      # index of the chain step that reads it
+    every: int = 1
+    period: int = 0
+
+    def periodic_step(self) -> dict:
+        return {"every": self.every, "period": self.period}
 
 
 def chain_operands(chain: list[dict], prefix: str = "") -> list[Operand]:
     steps = [i for i, step in enumerate(chain) if pointwise.operand_kind(step)]
-    return [Operand(prefix + name, kind, i) for i, (name, kind) in zip(steps, pointwise.operands(chain))]
+    return [Operand(prefix + name, kind, i, chain[i].get("every", 1), chain[i].get("period", 0))
+            for i, (name, kind) in zip(steps, pointwise.operands(chain))]
 
 
 class Rows:
@@ -125,7 +133,7 @@ class Rows:
 
     def inputs(self) -> list[TensorArg]:
         def arg(op: Operand) -> TensorArg:
-            return TensorArg(op.name, ("M", "N") if op.kind == "full" else ("N",))
+            return TensorArg(op.name, {"full": ("M", "N"), "vector": ("N",)}.get(op.kind) or (op.period,))
         return ([TensorArg("x", ("M", "N"))] + [arg(o) for o in self.pro_operands]
                 + [TensorArg(n, ("N",), init=init) for n, init in self.vectors]
                 + [arg(o) for o in self.epi_operands])
@@ -159,11 +167,20 @@ class Rows:
         names = self.step_names(self.epi_operands)
         for i, step in enumerate(self.epilogue):
             gain = pointwise.ERROR_GAIN.get(step["op"])
-            if gain:
+            if gain and pointwise.is_periodic(step) and "{y}" in gain:  # the operand broadcasts over s
+                f = gain.format(v=step.get("value"), y="b")
+                carry.append(f"s = _periodic(lambda s, b: {f}, s, {names[i]}, {step['every']}, {step['period']})")
+            elif gain:
                 carry.append("s = " + gain.format(v=step.get("value"), y=names.get(i)))
             carry.append(f"x = {pointwise.torch_expr([step], 'x', {0: names[i]} if i in names else {})}")
         scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
-        return reference + "\n\n" + scale
+        return self.helpers() + reference + "\n\n" + scale
+
+    def helpers(self) -> str:
+        """Source the reference functions need besides torch (the periodic-operand helper)."""
+        if pointwise.uses_periodic(self.prologue + self.epilogue):
+            return pointwise.PERIODIC_SOURCE.lstrip("\n") + "\n\n"
+        return ""
 
     @property
     def red_dim(self) -> int:
@@ -349,8 +366,15 @@ class RowTemplate:
     def load_vector(name: str) -> str:
         return f"{name} = tl.load({name}_ptr + cols[None, :], mask=col_mask[None, :], other=0.0).to(tl.float32)"
 
+    def load_periodic(self, o: Operand) -> str:
+        """A broadcast operand read in place at each element's row-major index in [M, N]."""
+        offs = pointwise.periodic_offsets(o.periodic_step(), "rows64[:, None] * N + cols[None, :]")
+        return f"{o.name} = tl.load({o.name}_ptr + {offs}, mask=mask, other=0.0).to(tl.float32)"
+
     def _load_operands(self, operands: list[Operand]) -> list[str]:
-        return [self.load_full(o.name) if o.kind == "full" else self.load_vector(o.name) for o in operands]
+        load = {"full": lambda o: self.load_full(o.name), "vector": lambda o: self.load_vector(o.name),
+                "periodic": self.load_periodic}
+        return [load[o.kind](o) for o in operands]
 
     def load_x(self, fill: str = "0.0", extra_steps: tuple[dict, ...] = ()) -> list[str]:
         """Load the x tile in fp32, apply the prologue (plus the family's extra_steps), and set

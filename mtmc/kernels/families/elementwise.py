@@ -84,6 +84,8 @@ def operand_loads(chain: list[dict], full_offs: str, vector_offs: str, full_mask
     lines, names = [], {}
     for i, name, kind in operand_steps(chain):
         offs, mask = (full_offs, full_mask) if kind == "full" else (vector_offs, vector_mask)
+        if kind == "periodic":  # a broadcast operand read in place
+            offs, mask = pointwise.periodic_offsets(chain[i], full_offs), full_mask
         lines.append(f"{name} = tl.load({name}_ptr + {offs}, mask={mask}).to(tl.float32)")
         names[i] = name
     return lines, names
@@ -99,6 +101,16 @@ def chain_lines(chain: list[dict], loads: tuple[list[str], dict[int, str]]) -> l
     """Operand loads, then the chain applied in place to the fp32 value `x`."""
     lines, names = loads
     return [*lines, *step_lines(chain, "x", names)]
+
+
+def chain_step(chain: list[dict], name: str) -> dict:
+    """The step of `chain` whose operand input is called `name`."""
+    return next(chain[i] for i, n, _ in operand_steps(chain) if n == name)
+
+
+def operand_shape(step: dict, kind: str) -> tuple:
+    """An operand's TensorArg shape: [M, N], [N], or its period of broadcast values."""
+    return {"full": ("M", "N"), "vector": ("N",)}.get(kind) or (step["period"],)
 
 
 def flat_kernel_source(kernel: str, chain: list[dict], x_params: list[str], x_lines: list[str],
@@ -165,7 +177,7 @@ class ElementwiseFamily(Family):
     def inputs(self, spec: KernelSpec) -> list[TensorArg]:
         args = [TensorArg("x", ("M", "N"))]
         for _, name, kind in operand_steps(self.chain(spec)):
-            args.append(TensorArg(name, ("M", "N") if kind == "full" else ("N",)))
+            args.append(TensorArg(name, operand_shape(chain_step(self.chain(spec), name), kind)))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:
@@ -175,7 +187,8 @@ class ElementwiseFamily(Family):
         chain = self.chain(spec)
         names = {i: name for i, name, _ in operand_steps(chain)}
         body = step_lines(chain, "x", names, pointwise.torch_expr)
-        return "\n".join([signature("reference", [a.name for a in self.inputs(spec)]),
+        helper = [pointwise.PERIODIC_SOURCE.strip("\n"), "", ""] if pointwise.uses_periodic(chain) else []
+        return "\n".join([*helper, signature("reference", [a.name for a in self.inputs(spec)]),
                           *indent(body), "    return x", ""])
 
     # -- how -------------------------------------------------------------------------------
@@ -223,7 +236,8 @@ class ElementwiseFamily(Family):
     def work(self, spec: KernelSpec) -> tuple[float, float]:
         m, n = spec.dims["M"], spec.dims["N"]
         ops = operand_steps(self.chain(spec))
-        elems = 2 * m * n + sum(m * n if kind == "full" else n for _, _, kind in ops)
+        sizes = {"full": m * n, "vector": n}
+        elems = 2 * m * n + sum(sizes.get(kind) or chain_step(self.chain(spec), name)["period"] for _, name, kind in ops)
         return float(m * n * max(1, len(self.chain(spec)))), float(elems * DTYPE_BYTES[spec.dtype])
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:

@@ -106,6 +106,8 @@ class MatmulFamily(Family):
         if not isinstance(epi, list):
             raise ValueError("the matmul epilogue must be a list of pointwise steps")
         pointwise.validate_chain(epi)
+        if pointwise.uses_periodic(epi):
+            raise ValueError("matmul epilogues take full or [N] operands, not broadcast (periodic) ones")
 
     def inputs(self, spec: KernelSpec) -> list[TensorArg]:
         bt = self.batch(spec)

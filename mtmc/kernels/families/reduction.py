@@ -69,7 +69,7 @@ class ReductionFamily(_rows.RowFamily):
             parts += [_INDEX_JUDGE,
                       rows.ref_function("compare", [f"return _judge_index(out, x, {largest}, {tol})"], ("out",),
                                         logical=True)]
-        return "\n\n".join(parts)
+        return rows.helpers() + "\n\n".join(parts)
 
     def render(self, spec: KernelSpec, config: dict) -> str:
         t = _rows.RowTemplate(self.layout(spec), config, f"{spec.op}_rows_kernel", out_rows_only=True)
