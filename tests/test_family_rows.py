@@ -83,7 +83,10 @@ def strided_cases(draw):
     operand laid out like x, and a config from the strided space."""
     op = draw(st.sampled_from(reduction.FAMILY.ops))
     P, N, Q = draw(st.integers(1, 3)), draw(st.integers(1, 150)), draw(st.integers(2, 70))
-    params = {"inner": Q, "prologue": draw(st.sampled_from([[], [{"op": "abs"}], [{"op": "residual"}], [{"op": "bias"}, {"op": "silu"}]]))}
+    prologues = [[], [{"op": "abs"}], [{"op": "residual"}], [{"op": "bias"}, {"op": "silu"}],
+                 # a broadcast operand over the outer dims, or one value per (n, q)
+                 [{"op": "mul", "every": N * Q, "period": P}], [{"op": "sub", "every": 1, "period": N * Q}]]
+    params = {"inner": Q, "prologue": draw(st.sampled_from(prologues))}
     spec = spec_of(reduction.FAMILY, op, P * Q, N, draw(st.sampled_from(DTYPES)), **params)
     space = reduction.FAMILY.config_space(spec)
     return spec, {knob: draw(st.sampled_from(values)) for knob, values in space.items()}
@@ -94,6 +97,15 @@ def strided_cases(draw):
 def test_strided_reductions_match_pytorch(case):
     spec, cfg = case
     assert_correct(reduction.FAMILY, spec, cfg)
+
+
+@pytest.mark.parametrize("op", ["argmin", "mean"])
+def test_strided_reduction_with_a_broadcast_operand(op):
+    """[3, 20, 6] reduced over dim 1 after adding a [1, 20, 1]-like operand read in place; the
+    index judge sees the kernel's rows only after the prologue ran in buffer order."""
+    spec = spec_of(reduction.FAMILY, op, 3 * 6, 20, inner=6, prologue=[{"op": "add", "every": 6, "period": 20}])
+    for cfg in (reduction.FAMILY.default_config(spec, H200), {**config(32, rows=4, stages=2)}):
+        assert_correct(reduction.FAMILY, spec, cfg)
 
 
 def test_strided_reduction_reads_x_in_place_not_transposed():
@@ -286,7 +298,6 @@ def test_describe():
     (reduction.FAMILY, "sum", {"inner": 3}, None, "divide"),
     (reduction.FAMILY, "max", {"inner": 0}, None, "inner"),
     (softmax.FAMILY, "softmax", {"inner": 2}, None, "inner"),
-    (reduction.FAMILY, "sum", {"inner": 2, "prologue": [{"op": "add", "every": 1, "period": 2}]}, None, "periodic"),
 ])
 def test_validate_rejects_bad_specs(family, op, params, dims, match):
     spec = KernelSpec(family.name, op, dims or {"M": 4, "N": 8}, "float32", params)

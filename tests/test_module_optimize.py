@@ -228,6 +228,49 @@ def test_group_is_not_spread_over_an_in_place_change_of_its_input(tmp_path):
     torch.testing.assert_close(b[0], a[0], rtol=1e-4, atol=1e-5)
 
 
+BROADCASTS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(1, c, 1, 1))
+        self.shift = nn.Parameter(torch.randn(c, 1, 1))
+
+    def forward(self, x, pad):
+        y = torch.sigmoid(x * self.scale + self.shift)
+        return y.sum(dim=0), (x + pad).amax(dim=2)
+
+
+def get_inputs():
+    return [torch.randn(3, 5, 7, 9), torch.randn(3, 1, 1, 9)]
+
+
+def get_init_inputs():
+    return [5]
+"""
+
+
+def test_broadcast_operands_are_read_in_place_where_their_kept_dims_are_one_run(tmp_path):
+    path = tmp_path / "broadcasts.py"
+    path.write_text(BROADCASTS)
+    cap = capture(str(path))
+    total, masked = partition(cap).groups
+    # [1, C, 1, 1] and [C, 1, 1] over [B, C, H, W], feeding a reduction over dim 0 (strided)
+    assert total.spec["params"]["inner"] == 5 * 7 * 9 and not total.notes
+    assert [st.get("period") for st in total.spec["params"]["prologue"]] == [5, 5, None]
+    assert [i["view"] for i in total.inputs] == ["strided", "periodic", "periodic"]
+    # [B, 1, 1, W]: its kept dims (B and W) are split by broadcast ones, so it is expanded
+    assert masked.inputs[1]["view"] == "like" and any("expanded" in n for n in masked.notes)
+    out = tmp_path / "new_broadcasts.py"
+    out.write_text(assemble(BROADCASTS, cap, [total, masked], template_kernels([total, masked])))
+    a, b, _ = run_both(out)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+
+
 def test_conv_stays_pytorch_and_its_tail_is_fused():
     part = partition(captured("conv_bias_act.py"))
     (g,) = part.groups

@@ -16,7 +16,7 @@ so the fused group computes exactly what the nodes did.  Everything else (convol
 concatenations, views, ops outside the catalog) stays a PyTorch call; `torch_ops` says which and
 why.  Broadcast operands (a [C, 1, 1] bias on NCHW, an [S, S] mask over heads) are read in place
 as periodic operands by elementwise and row-wise kernels; where one cannot be (a matmul
-epilogue, a middle-dim reduction, kept dims split by broadcast ones) it is expanded to full size
+epilogue, kept dims split by broadcast ones) it is expanded to full size
 first, which costs memory traffic, and the group's notes say so.
 """
 from __future__ import annotations
@@ -205,7 +205,7 @@ class Partitioner:
             b.inputs.append({"arg": b.arg(other), "view": "vector"})
             return [{"op": "bias"}]
         # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
-        pattern = _periodic_pattern(oshape, full_shape) if vector_ok and operand_view.get("of") == "main" else None
+        pattern = _periodic_pattern(oshape, full_shape) if operand_view.get("of") == "main" else None
         if oshape != full_shape and pattern is None:
             b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
                            "for the kernel (a copy)")

@@ -65,8 +65,6 @@ def validate_rows(spec: KernelSpec, allowed_params: set[str], epilogue: bool) ->
             raise ValueError(f"params 'inner' must be a positive integer, got {inner!r}")
         if isinstance(spec.dims.get("M"), int) and spec.dims["M"] % inner:
             raise ValueError(f"params 'inner' ({inner}) must divide M ({spec.dims['M']})")
-        if inner > 1 and pointwise.uses_periodic(spec.params.get("prologue", [])):
-            raise ValueError("the strided (inner) layout takes no broadcast (periodic) operands")
     if set(spec.dims) != {"M", "N"}:
         raise ValueError(f"{spec.family} kernels take dims M (rows) and N (columns); got {sorted(spec.dims)}")
     for name, size in spec.dims.items():
@@ -187,27 +185,28 @@ class Rows:
         """The dim a reference reduces: the last of [M, N], or the middle of the strided [P, N, Q] view."""
         return 1 if self.inner > 1 else -1
 
-    def regroup(self, logical: bool = False) -> list[str]:
+    def regroup(self) -> list[str]:
         """For the strided layout: lines viewing each [M, N] buffer as [M / inner, N, inner]
-        (a view: what eager PyTorch would reduce, so the baseline times no copy), or with
-        `logical`, as the kernel's [M, N] rows (a transposed copy, for judging outputs)."""
+        (a view, in buffer order: what eager PyTorch would reduce, so the baseline times no
+        copy, and what periodic operands index)."""
         if self.inner == 1:
             return []
         n, q = self.spec.dims["N"], self.inner
         lines = []
         for a in self.inputs():
             if len(a.shape) == 2:
-                tail = f".transpose(1, 2).reshape(-1, {n})" if logical else ""
-                lines.append(f"{a.name} = {a.name}.reshape(-1, {n}, {q}){tail}")
-            elif not logical:  # an [N] vector runs along the middle dim
+                lines.append(f"{a.name} = {a.name}.reshape(-1, {n}, {q})")
+            elif a.shape == ("N",):  # an [N] vector runs along the middle dim
                 lines.append(f"{a.name} = {a.name}.reshape(-1, 1)")
         return lines
 
     def ref_function(self, name: str, body: list[str], extra_args: tuple[str, ...] = (),
                      logical: bool = False) -> str:
-        """`def name(*extra_args, *inputs)` running the prologue, then `body`."""
+        """`def name(*extra_args, *inputs)` running the prologue, then `body`; with `logical`,
+        a strided x is then turned into the kernel's [M, N] rows (a copy, for judging outputs)."""
         args = ", ".join([*extra_args, *self.names()])
-        lines = self.regroup(logical) + self.ref_prologue() + body
+        rows = [f"x = x.transpose(1, 2).reshape(-1, {self.spec.dims['N']})"] if logical and self.inner > 1 else []
+        lines = self.regroup() + self.ref_prologue() + rows + body
         return "\n".join([f"def {name}({args}):", *indent(lines)]) + "\n"
 
     # -- cost --
@@ -367,8 +366,11 @@ class RowTemplate:
         return f"{name} = tl.load({name}_ptr + cols[None, :], mask=col_mask[None, :], other=0.0).to(tl.float32)"
 
     def load_periodic(self, o: Operand) -> str:
-        """A broadcast operand read in place at each element's row-major index in [M, N]."""
-        offs = pointwise.periodic_offsets(o.periodic_step(), "rows64[:, None] * N + cols[None, :]")
+        """A broadcast operand read in place at each element's row-major index in the full
+        tensor ([M, N], or the strided [M / Q, N, Q] buffer)."""
+        flat = ("base64[:, None] + cols[None, :].to(tl.int64) * Q" if self.strided
+                else "rows64[:, None] * N + cols[None, :]")
+        offs = pointwise.periodic_offsets(o.periodic_step(), flat)
         return f"{o.name} = tl.load({o.name}_ptr + {offs}, mask=mask, other=0.0).to(tl.float32)"
 
     def _load_operands(self, operands: list[Operand]) -> list[str]:
