@@ -213,19 +213,30 @@ def get_init_inputs():
 """
 
 
+def captured_source(tmp_path, source: str):
+    """(capture, partition) of a module file written from `source`."""
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    cap = capture(str(path))
+    return cap, partition(cap)
+
+
+def assert_assembled_matches(tmp_path, source: str, cap, part):
+    """ModelNew from the groups' template kernels computes every output of Model."""
+    out = tmp_path / "new_model.py"
+    out.write_text(assemble(source, cap, part.groups, template_kernels(part.groups)))
+    a, b, _ = run_both(out)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+
+
 def test_group_is_not_spread_over_an_in_place_change_of_its_input(tmp_path):
     # the softmax took `* gamma + h` as its epilogue and was called at the add, after h.relu_():
     # it normalized the relu'd h
-    path = tmp_path / "inplace_between.py"
-    path.write_text(INPLACE_BETWEEN)
-    cap = capture(str(path))
-    part = partition(cap)
+    cap, part = captured_source(tmp_path, INPLACE_BETWEEN)
     assert "softmax" not in [g.family for g in part.groups]
     assert any("in place" in t["why"] for t in part.torch_ops if "softmax" in t["op"])
-    out = tmp_path / "new_inplace_between.py"
-    out.write_text(assemble(INPLACE_BETWEEN, cap, part.groups, template_kernels(part.groups)))
-    a, b, _ = run_both(out)
-    torch.testing.assert_close(b[0], a[0], rtol=1e-4, atol=1e-5)
+    assert_assembled_matches(tmp_path, INPLACE_BETWEEN, cap, part)
 
 
 BROADCASTS = """
@@ -254,21 +265,15 @@ def get_init_inputs():
 
 
 def test_broadcast_operands_are_read_in_place_where_their_kept_dims_are_one_run(tmp_path):
-    path = tmp_path / "broadcasts.py"
-    path.write_text(BROADCASTS)
-    cap = capture(str(path))
-    total, masked = partition(cap).groups
+    cap, part = captured_source(tmp_path, BROADCASTS)
+    total, masked = part.groups
     # [1, C, 1, 1] and [C, 1, 1] over [B, C, H, W], feeding a reduction over dim 0 (strided)
     assert total.spec["params"]["inner"] == 5 * 7 * 9 and not total.notes
     assert [st.get("period") for st in total.spec["params"]["prologue"]] == [5, 5, None]
     assert [i["view"] for i in total.inputs] == ["strided", "periodic", "periodic"]
     # [B, 1, 1, W]: its kept dims (B and W) are split by broadcast ones, so it is expanded
     assert masked.inputs[1]["view"] == "like" and any("expanded" in n for n in masked.notes)
-    out = tmp_path / "new_broadcasts.py"
-    out.write_text(assemble(BROADCASTS, cap, [total, masked], template_kernels([total, masked])))
-    a, b, _ = run_both(out)
-    for x, y in zip(a, b):
-        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+    assert_assembled_matches(tmp_path, BROADCASTS, cap, part)
 
 
 def test_conv_stays_pytorch_and_its_tail_is_fused():
