@@ -204,16 +204,15 @@ class Partitioner:
         if vector_ok and is_vector and s.binop == "add" and oshape != full_shape:
             b.inputs.append({"arg": b.arg(other), "view": "vector"})
             return [{"op": "bias"}]
-        # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
-        pattern = _periodic_pattern(oshape, full_shape) if operand_view.get("of") == "main" else None
-        if oshape != full_shape and pattern is None:
-            b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
-                           "for the kernel (a copy)")
-        if oshape != full_shape and pattern is not None:
-            b.inputs.append({"arg": b.arg(other), "view": "periodic"})
-        else:
-            b.inputs.append({"arg": b.arg(other), **operand_view})
-            pattern = {}
+        pattern = None
+        if oshape != full_shape:
+            # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
+            pattern = _periodic_pattern(oshape, full_shape) if operand_view.get("of") == "main" else None
+            if pattern is None:
+                b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
+                               "for the kernel (a copy)")
+        b.inputs.append({"arg": b.arg(other), **({"view": "periodic"} if pattern else operand_view)})
+        pattern = pattern or {}
         if s.binop == "sub" and not first:
             return [{"op": "neg"}, {"op": "add", **pattern}]
         return [{"op": _BINOP_STEP[s.binop], **pattern}]
@@ -318,6 +317,7 @@ class Partitioner:
 
     def _rows_group(self, name: str, a: Anchor) -> None:
         shape, dtype = self.g.tensor(a.x)
+        inner = 1  # > 1: a strided reduction over a middle dim (params "inner")
         if a.family == "reduction" and a.dim is None:
             main_view, dims = {"view": "flat"}, {"M": 1, "N": math.prod(shape)}
         elif a.family == "reduction":
@@ -325,6 +325,7 @@ class Partitioner:
             dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
             if a.dim != len(shape) - 1:  # reduce in place over a middle dim: no transposed copy of x
                 main_view = {"view": "strided", "dim": a.dim}
+                inner = math.prod(shape[a.dim + 1:])
         else:
             main_view, dims = {"view": "rows", "contiguous": True}, {"M": math.prod(shape) // shape[-1], "N": shape[-1]}
         # vector operands run along the kernel's last dim: only when x's last dim stays last
@@ -347,8 +348,8 @@ class Partitioner:
         if a.family != "reduction":
             epilogue, last = self._extend(a.out, b, shape, full, vector_ok)
         params = dict(a.params)
-        if main_view["view"] == "strided" and math.prod(shape[a.dim + 1:]) > 1:
-            params["inner"] = math.prod(shape[a.dim + 1:])
+        if inner > 1:
+            params["inner"] = inner
         if prologue:
             params["prologue"] = prologue
         if epilogue:

@@ -150,6 +150,16 @@ def uses_periodic(chain: list[dict]) -> bool:
     return any(is_periodic(step) for step in chain)
 
 
+def operand_shape(step: dict) -> tuple:
+    """The TensorArg shape of an operand step's input: [M, N], [N], or its `period` values."""
+    return {"full": ("M", "N"), "vector": ("N",), "periodic": (step.get("period"),)}[operand_kind(step)]
+
+
+def reference_helpers(chain: list[dict]) -> str:
+    """Source a reference of `chain` needs besides torch (the periodic-operand helper), or ""."""
+    return PERIODIC_SOURCE.lstrip("\n") + "\n\n" if uses_periodic(chain) else ""
+
+
 def describe_chain(chain: list[dict]) -> str:
     parts = []
     for step in chain:

@@ -101,17 +101,17 @@ class Operand:
     name: str
     kind: str      # "full": [M, N]; "vector": [N]; "periodic": [period], see pointwise
     step: int      # index of the chain step that reads it
-    every: int = 1
-    period: int = 0
-
-    def periodic_step(self) -> dict:
-        return {"every": self.every, "period": self.period}
+    chain_step: dict  # that step itself (a periodic one says where its operand repeats)
 
 
 def chain_operands(chain: list[dict], prefix: str = "") -> list[Operand]:
     steps = [i for i, step in enumerate(chain) if pointwise.operand_kind(step)]
-    return [Operand(prefix + name, kind, i, chain[i].get("every", 1), chain[i].get("period", 0))
-            for i, (name, kind) in zip(steps, pointwise.operands(chain))]
+    return [Operand(prefix + name, kind, i, chain[i]) for i, (name, kind) in zip(steps, pointwise.operands(chain))]
+
+
+def _inner(spec: KernelSpec) -> int:
+    """> 1: a strided reduction, x's buffer is [M / inner, N, inner]."""
+    return int(spec.params.get("inner", 1))
 
 
 class Rows:
@@ -127,11 +127,11 @@ class Rows:
         self.pro_operands = chain_operands(self.prologue)
         self.epi_operands = chain_operands(self.epilogue, "epi_")
         self.vectors = list(vectors)
-        self.inner = int(spec.params.get("inner", 1))  # > 1: x's buffer is [M / inner, N, inner]
+        self.inner = _inner(spec)
 
     def inputs(self) -> list[TensorArg]:
         def arg(op: Operand) -> TensorArg:
-            return TensorArg(op.name, {"full": ("M", "N"), "vector": ("N",)}.get(op.kind) or (op.period,))
+            return TensorArg(op.name, pointwise.operand_shape(op.chain_step))
         return ([TensorArg("x", ("M", "N"))] + [arg(o) for o in self.pro_operands]
                 + [TensorArg(n, ("N",), init=init) for n, init in self.vectors]
                 + [arg(o) for o in self.epi_operands])
@@ -175,10 +175,8 @@ class Rows:
         return self.helpers() + reference + "\n\n" + scale
 
     def helpers(self) -> str:
-        """Source the reference functions need besides torch (the periodic-operand helper)."""
-        if pointwise.uses_periodic(self.prologue + self.epilogue):
-            return pointwise.PERIODIC_SOURCE.lstrip("\n") + "\n\n"
-        return ""
+        """Source the reference functions need besides torch."""
+        return pointwise.reference_helpers(self.prologue + self.epilogue)
 
     @property
     def red_dim(self) -> int:
@@ -241,10 +239,6 @@ def block_sizes(n: int) -> list[int]:
     return [1 << k for k in range(MIN_BLOCK_N.bit_length() - 1, top.bit_length())]
 
 
-def _inner(spec: KernelSpec) -> int:
-    return int(spec.params.get("inner", 1))
-
-
 def config_space(spec: KernelSpec) -> dict[str, list]:
     strided = _inner(spec) > 1
     return {"BLOCK_N": block_sizes(spec.dims["N"]), "num_warps": list(WARPS), "num_stages": list(STAGES),
@@ -266,7 +260,7 @@ def default_config(spec: KernelSpec, hw) -> dict:
     are far more row groups than programs the GPU can hold at once."""
     M, N = spec.dims["M"], spec.dims["N"]
     if _inner(spec) > 1:  # neighbouring q as rows (coalesced loads), a short chunk of N as columns
-        rows = max(r for r in INNER_ROWS_PER_PROG if r <= max(_inner(spec), INNER_ROWS_PER_PROG[0]) and r <= 64)
+        rows = max([r for r in INNER_ROWS_PER_PROG if r <= min(_inner(spec), 64)], default=INNER_ROWS_PER_PROG[0])
         block = min(max(MIN_BLOCK_N, next_pow2(N)), max(MIN_BLOCK_N, INNER_TILE // rows))
         return {"BLOCK_N": block, "num_warps": warps_for(rows * block), "num_stages": 1 if block >= N else 2,
                 "ROWS_PER_PROG": rows, "PERSISTENT": False}
@@ -354,11 +348,15 @@ class RowTemplate:
     def _masks() -> list[str]:
         return ["col_mask = cols < N", "mask = row_mask[:, None] & col_mask[None, :]"]
 
-    def load_full(self, name: str) -> str:
+    def _flat_index(self) -> str:
+        """The tile's elements' row-major index in the whole tensor ([M, N], or the strided
+        [M / Q, N, Q] buffer)."""
         if self.strided:
-            where = "base64[:, None] + cols[None, :].to(tl.int64) * Q"
-        else:
-            where = f"rows64[:, None] * stride_{name} + cols[None, :]"
+            return "base64[:, None] + cols[None, :].to(tl.int64) * Q"
+        return "rows64[:, None] * N + cols[None, :]"
+
+    def load_full(self, name: str) -> str:
+        where = self._flat_index() if self.strided else f"rows64[:, None] * stride_{name} + cols[None, :]"
         return f"{name} = tl.load({name}_ptr + {where}, mask=mask, other=0.0).to(tl.float32)"
 
     @staticmethod
@@ -366,11 +364,8 @@ class RowTemplate:
         return f"{name} = tl.load({name}_ptr + cols[None, :], mask=col_mask[None, :], other=0.0).to(tl.float32)"
 
     def load_periodic(self, o: Operand) -> str:
-        """A broadcast operand read in place at each element's row-major index in the full
-        tensor ([M, N], or the strided [M / Q, N, Q] buffer)."""
-        flat = ("base64[:, None] + cols[None, :].to(tl.int64) * Q" if self.strided
-                else "rows64[:, None] * N + cols[None, :]")
-        offs = pointwise.periodic_offsets(o.periodic_step(), flat)
+        """A broadcast operand read in place at each element's row-major index."""
+        offs = pointwise.periodic_offsets(o.chain_step, self._flat_index())
         return f"{o.name} = tl.load({o.name}_ptr + {offs}, mask=mask, other=0.0).to(tl.float32)"
 
     def _load_operands(self, operands: list[Operand]) -> list[str]:

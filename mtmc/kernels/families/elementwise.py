@@ -9,6 +9,8 @@ split-K reduction, so a chain is loaded and applied the same way wherever it app
 """
 from __future__ import annotations
 
+import math
+
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
@@ -103,16 +105,6 @@ def chain_lines(chain: list[dict], loads: tuple[list[str], dict[int, str]]) -> l
     return [*lines, *step_lines(chain, "x", names)]
 
 
-def chain_step(chain: list[dict], name: str) -> dict:
-    """The step of `chain` whose operand input is called `name`."""
-    return next(chain[i] for i, n, _ in operand_steps(chain) if n == name)
-
-
-def operand_shape(step: dict, kind: str) -> tuple:
-    """An operand's TensorArg shape: [M, N], [N], or its period of broadcast values."""
-    return {"full": ("M", "N"), "vector": ("N",)}.get(kind) or (step["period"],)
-
-
 def flat_kernel_source(kernel: str, chain: list[dict], x_params: list[str], x_lines: list[str],
                        persistent: bool, constexprs: tuple[str, ...] = ()) -> str:
     """A kernel over `numel` flat elements, BLOCK per program: x_lines compute fp32 `x` at
@@ -175,10 +167,9 @@ class ElementwiseFamily(Family):
         pointwise.validate_chain(chain)
 
     def inputs(self, spec: KernelSpec) -> list[TensorArg]:
-        args = [TensorArg("x", ("M", "N"))]
-        for _, name, kind in operand_steps(self.chain(spec)):
-            args.append(TensorArg(name, operand_shape(chain_step(self.chain(spec), name), kind)))
-        return args
+        chain = self.chain(spec)
+        return [TensorArg("x", ("M", "N")),
+                *(TensorArg(name, pointwise.operand_shape(chain[i])) for i, name, _ in operand_steps(chain))]
 
     def output(self, spec: KernelSpec) -> TensorArg:
         return TensorArg("out", ("M", "N"))
@@ -187,9 +178,8 @@ class ElementwiseFamily(Family):
         chain = self.chain(spec)
         names = {i: name for i, name, _ in operand_steps(chain)}
         body = step_lines(chain, "x", names, pointwise.torch_expr)
-        helper = [pointwise.PERIODIC_SOURCE.strip("\n"), "", ""] if pointwise.uses_periodic(chain) else []
-        return "\n".join([*helper, signature("reference", [a.name for a in self.inputs(spec)]),
-                          *indent(body), "    return x", ""])
+        return pointwise.reference_helpers(chain) + "\n".join(
+            [signature("reference", [a.name for a in self.inputs(spec)]), *indent(body), "    return x", ""])
 
     # -- how -------------------------------------------------------------------------------
     def config_space(self, spec: KernelSpec) -> dict[str, list]:
@@ -235,9 +225,8 @@ class ElementwiseFamily(Family):
     # -- cost and checking -----------------------------------------------------------------
     def work(self, spec: KernelSpec) -> tuple[float, float]:
         m, n = spec.dims["M"], spec.dims["N"]
-        ops = operand_steps(self.chain(spec))
-        sizes = {"full": m * n, "vector": n}
-        elems = 2 * m * n + sum(sizes.get(kind) or chain_step(self.chain(spec), name)["period"] for _, name, kind in ops)
+        operands = self.inputs(spec)[1:]
+        elems = 2 * m * n + sum(math.prod(a.concrete_shape(spec.dims)) for a in operands)
         return float(m * n * max(1, len(self.chain(spec)))), float(elems * DTYPE_BYTES[spec.dtype])
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:

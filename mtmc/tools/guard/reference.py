@@ -7,8 +7,8 @@ child (the reference is uploaded code too, and the candidate never shares a proc
       the float64 ground truth could be computed), "eager_ms" (GPU only), "outputs"}
 
 It builds Model(*get_init_inputs()) under a fresh seed, draws one set of inputs per variant
-(guard.draw), runs Model eagerly on the device and in float64 (on the device too, the CPU when it runs out
-of memory), and writes
+(guard.draw), runs Model eagerly on the device and in float64 (on the device too; on the CPU
+when the device runs out of memory), and writes
   dir/inputs.pt     init inputs, the state_dict, the mode and every trial's inputs (what the
                     candidate gets)
   dir/reference.pt  eager and float64 outputs (what it must never see; the parent deletes it
@@ -68,13 +68,13 @@ def _float64(model64, inputs, device):
                 outs = outputs_of(model64(*to_device(inputs, where, torch.float64)))
                 return [o.detach().to("cpu", torch.float64) for o in outs]
         except torch.cuda.OutOfMemoryError:
-            model64.to("cpu")
-            torch.cuda.empty_cache()
+            continue  # on the CPU, once `finally` has moved the model back
         except Exception:  # an op without a float64 kernel: ground truth falls back to eager
             return None
         finally:
-            if where != "cpu":
-                model64.to("cpu")  # keep the GPU free for the eager model and later variants
+            if where != "cpu":  # keep the GPU free for the eager model and later variants
+                model64.to("cpu")
+                torch.cuda.empty_cache()
     return None
 
 
