@@ -207,3 +207,38 @@ def test_offline_registers_match_the_gpu_build():
     k = report.kernels[0]
     assert (k.regs, k.spill_bytes > 0) == (compiled.n_regs, compiled.n_spills > 0)
     assert k.shared_bytes == compiled.metadata.shared
+
+
+ROWSUM = HEADER + '''
+@triton.jit
+def rowsum(x_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.load(x_ptr + tl.program_id(0) * N + offs), axis=0))
+
+
+def launch(x, out):
+    rowsum[(x.shape[0],)](x, out, N=x.shape[1])
+'''
+
+
+def test_compile_after_the_interpreter_in_one_process():
+    """Running an interpreted kernel that calls tl.sum leaves triton.language patched for good
+    (and the tests import Triton in interpreter mode): the compile for sm_90 must still work."""
+    import torch
+
+    from mtmc.tools.triton_state import compile_blocker, leaked_patches
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the tests run Triton's interpreter in-process only under TRITON_INTERPRET=1")
+    mod = load_source(ROWSUM, "interpreted_rowsum")
+    x = torch.randn(4, 64)
+    out = torch.empty(4)
+    mod.launch(x, out)
+    assert torch.allclose(out, x.sum(1), atol=1e-5)
+    assert leaked_patches(), "the upstream leak is gone: triton_state's reason may be obsolete"
+    assert compile_blocker() is not None
+    spec = KernelSpec("reduction", "sum", {"M": 4, "N": 64}, "float32")
+    report = compile_resources(ROWSUM, spec, spec.dims, H200)
+    assert report.ok, report.violations
+    assert report.kernels[0].name == "rowsum" and report.kernels[0].regs > 0
+    with pytest.raises(ValueError, match="wrapper bug"):
+        compile_resources(HEADER + "def launch(x, out):\n    raise ValueError('wrapper bug')\n", spec, spec.dims, H200)

@@ -337,7 +337,11 @@ def compile_resources(source: str, spec: KernelSpec, dims: dict | None, profile:
     """Compile every kernel `launch` would run at `dims` for `profile` and judge its resources.
 
     Compile failures become "compile_error" violations; an exception raised by the source's own
-    Python (import or the launch wrapper) propagates."""
+    Python (import or the launch wrapper) propagates.  A process whose Triton the interpreter has
+    spoiled (tools.triton_state) compiles in a fresh child instead."""
+    from mtmc.tools.triton_state import compile_blocker
+    if compile_blocker() is not None:
+        return _compile_in_child(source, spec, dims, profile)
     from mtmc.kernels.loader import load_source, make_inputs
     from mtmc.tools.correctness import poisoned_output
     dims = dict(dims or spec.dims)
@@ -351,3 +355,29 @@ def compile_resources(source: str, spec: KernelSpec, dims: dict | None, profile:
     with intercept_launches(profile) as icpt:
         module.launch(*inputs, out=out)
     return ResourceReport(target=profile.name, arch=profile.arch, dims=dims, kernels=icpt.kernels)
+
+
+CHILD_TIMEOUT_S = 300.0
+
+
+def report_from_dict(d: dict) -> ResourceReport:
+    kernels = [KernelResources(**k) for k in d["kernels"]]
+    return ResourceReport(target=d["target"], arch=d["arch"], dims=d["dims"], kernels=kernels)
+
+
+def _compile_in_child(source: str, spec: KernelSpec, dims: dict | None, profile: HardwareProfile) -> ResourceReport:
+    """compile_resources in a fresh worker with the interpreter off; the source's own exception
+    is raised here again (as its builtin type when it has one)."""
+    import builtins
+
+    from mtmc.tools.sandbox import run_job
+    job = {"kind": "compile", "spec": spec.to_dict(), "source": source, "dims": dict(dims or spec.dims),
+           "profile": profile.to_dict()}
+    r = run_job(job, CHILD_TIMEOUT_S, interpret=False)
+    if r["status"] == "ok":
+        return report_from_dict(r["result"])
+    if r["status"] == "error":
+        kind = getattr(builtins, r.get("error_type") or "", None)
+        kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+        raise kind(r.get("message", ""))
+    raise RuntimeError(f"compiling in a fresh process {r['status']}: {r.get('detail', '')[:500]}")

@@ -2,7 +2,8 @@
 prints one JSON result on stdout (tools.sandbox starts it; never run candidates elsewhere).
 
 Jobs (every one carries "spec": KernelSpec.to_dict() and "source": the candidate, except ping):
-  {"kind": "compile", "dims": {...}?, "target": "h200"?}        -> {"result": ResourceReport dict}
+  {"kind": "compile", "dims": {...}?, "target": "h200"?, "profile": {...}?}
+                                                                -> {"result": ResourceReport dict}
   {"kind": "check", "dims": {...}?, "device": "cpu"|"cuda", "trials": 2}
                                                                 -> {"result": CheckResult dict}
   {"kind": "time", "dims": {...}?, "baselines": true}           -> {"result": timing dict}
@@ -60,11 +61,11 @@ def _spec(job: dict):
 
 
 def do_compile(job: dict, dims: dict | None = None) -> dict:
-    from mtmc.tools.hardware import resolve
+    from mtmc.tools.hardware import HardwareProfile, resolve
     from mtmc.tools.target_compile import compile_resources
     spec = _spec(job)
-    return compile_resources(job["source"], spec, dims or job.get("dims") or spec.dims,
-                             resolve(job.get("target"))).to_dict()
+    profile = HardwareProfile(**job["profile"]) if job.get("profile") else resolve(job.get("target"))
+    return compile_resources(job["source"], spec, dims or job.get("dims") or spec.dims, profile).to_dict()
 
 
 def do_check(job: dict) -> dict:
