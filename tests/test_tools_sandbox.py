@@ -173,3 +173,33 @@ def test_illegal_memory_access_stays_in_the_child():
     import torch
     torch.ones(4, device="cuda").sum().item()          # this process's CUDA context is intact
     assert_parent_still_works()
+
+
+def test_session_serves_many_jobs_in_one_process_and_ends_with_its_group(tmp_path):
+    from mtmc.tools.sandbox import Session
+    with Session(interpret=True, name="test") as s:
+        first, second = s.call({"kind": "ping"}, 30), s.call({"kind": "ping"}, 30)
+        assert first["status"] == second["status"] == "ok"
+        assert first["result"]["pid"] == second["result"]["pid"] != os.getpid()
+        noisy = s.call(check_job("print('only in this call')\nraise KeyError('x')\n"), 60)
+        assert noisy["status"] == "error" and "only in this call" in noisy["stderr_tail"]
+        assert "only in this call" not in s.call({"kind": "ping"}, 30)["stderr_tail"]
+        pidfile = tmp_path / "grandchild.pid"
+        hang = ("import subprocess\np = subprocess.Popen(['sleep', '1000'])\n"
+                f"open({str(pidfile)!r}, 'w').write(str(p.pid))\nwhile True:\n    pass\n")
+        r = s.call(check_job(hang), 5)
+        assert r["status"] == "timed_out" and not s.alive
+        assert _gone(first["result"]["pid"]) and _gone(int(pidfile.read_text()))
+        assert s.call({"kind": "ping"}, 30)["status"] == "timed_out"   # dead sessions say so
+    assert not s.scratch.exists()
+
+
+def test_session_crash_is_reported_and_close_kills_the_worker():
+    from mtmc.tools.sandbox import Session
+    s = Session(name="test")
+    r = s.call(check_job("import ctypes\nctypes.string_at(0)\n"), 60)
+    assert r["status"] == "crashed" and "SIGSEGV" in r["detail"] and not s.alive
+    s2 = Session(name="test")
+    pid = s2.call({"kind": "ping"}, 30)["result"]["pid"]
+    s2.close()
+    assert _gone(pid)

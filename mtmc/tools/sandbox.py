@@ -14,12 +14,14 @@ import math
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 _KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
@@ -66,25 +68,20 @@ def _limits(timeout_s: float, memory_mb: int | None):
     # so it allows twice the wall timeout plus slack.
     cpu = int(math.ceil(2 * timeout_s)) + 5
 
+    def lower(kind: int, soft: int, hard: int) -> None:
+        # a child of a limited process (a nested compile) cannot raise what it inherited
+        _, inherited = resource.getrlimit(kind)
+        if inherited != resource.RLIM_INFINITY:
+            soft, hard = min(soft, inherited), min(hard, inherited)
+        resource.setrlimit(kind, (soft, hard))
+
     def apply():
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        lower(resource.RLIMIT_CPU, cpu, cpu + 5)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if memory_mb is not None:
             mem = int(memory_mb) * 2**20
-            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+            lower(resource.RLIMIT_AS, mem, mem)
     return apply
-
-
-def _tail(path: Path, lines: int = _STDERR_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
-    """The last lines of a file that may be huge."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -143,6 +140,14 @@ def _verdict(stdout: bytes | None, returncode: int | None, timeout_s: float, tai
     return result
 
 
+def _spawn(argv_tail: list[str], scratch: Path, stderr, env: dict, limits) -> subprocess.Popen:
+    """Start `python -m mtmc.tools.worker ARGS` in its own process group and scratch directory:
+    the one place children are started, so stronger isolation can wrap it."""
+    return subprocess.Popen([sys.executable, "-m", "mtmc.tools.worker", *argv_tail], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, cwd=scratch, env=env, start_new_session=True,
+                            preexec_fn=limits)
+
+
 def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret: bool | None = None) -> dict:
     """Run one worker job (see tools.worker for the kinds) in a sandboxed child process.
 
@@ -158,14 +163,122 @@ def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret
     try:
         # stderr goes to a file: a chatty candidate cannot fill a pipe or the parent's memory.
         with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "mtmc.tools.worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=err, cwd=scratch,
-                                    env=child_env(interpret=interpret), start_new_session=True,
-                                    preexec_fn=_limits(timeout_s, None if uses_gpu(job) else memory_mb))
+            proc = _spawn([], scratch, err, child_env(interpret=interpret),
+                          _limits(timeout_s, None if uses_gpu(job) else memory_mb))
             stdout = _communicate(proc, job, timeout_s)
-        tail = _tail(stderr_path)
+        tail = _tail_from(stderr_path, 0)
         result = _verdict(stdout, proc.returncode, timeout_s, tail)
         result.update(wall_s=time.monotonic() - start, stderr_tail=tail)
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+SESSION_CPU_S = 24 * 3600   # a session's CPU-time backstop; each call has its own wall timeout
+
+
+class Session:
+    """A sandboxed worker that serves many jobs (`python -m mtmc.tools.worker --serve`), so torch,
+    Triton and CUDA start once, and state (a reference run's tensors) can stay in the child
+    between jobs.  `call` returns what run_job returns; after "timed_out" or "crashed" the
+    session is dead (its whole process group killed) and every later call says so.  Close it
+    (or use it as a context manager): the process group is killed and its scratch removed; the
+    same happens when the parent exits."""
+
+    def __init__(self, interpret: bool | None = False, memory_mb: int | None = None, name: str = "worker"):
+        self.name = name
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"mtmc-{name}-"))
+        self._stderr_path = self.scratch / "stderr.log"
+        self._err = open(self._stderr_path, "wb")
+        self.proc = _spawn(["--serve"], self.scratch, self._err, child_env(interpret=interpret),
+                           _limits(SESSION_CPU_S, memory_mb))
+        self._buffer = b""
+        self.dead: dict | None = None
+        self.calls = 0
+        # a parent that exits (or forgets the session) must not leave the worker behind
+        self._finalizer = weakref.finalize(self, _end_session, self.proc, self._err, self.scratch)
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self.proc.poll() is None
+
+    def call(self, job: dict, timeout_s: float) -> dict:
+        if self.dead is not None:
+            return {**self.dead, "detail": f"the {self.name} session already ended: {self.dead.get('detail', '')}"}
+        start = time.monotonic()
+        offset = self._stderr_path.stat().st_size
+        self.calls += 1
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+            line = self._read_line(timeout_s)
+        except (BrokenPipeError, OSError):
+            line = b""
+        if line is None:
+            result = {"status": "timed_out", "timeout_s": timeout_s,
+                      "detail": f"no result within {timeout_s:g} s; the session's process group was killed"}
+        elif not line:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            result = {"status": "crashed", "returncode": self.proc.returncode,
+                      "detail": f"worker {_exit_detail(self.proc.returncode or 0)}"}
+        else:
+            result = _parse_result(line.decode("utf-8", "replace")) or {
+                "status": "crashed", "returncode": None, "detail": "the worker printed something that is no result"}
+        tail = _tail_from(self._stderr_path, offset)
+        if result["status"] in ("timed_out", "crashed"):
+            if result["status"] == "crashed" and tail:
+                result["detail"] += f"\n{tail}"
+            self.dead = {k: result[k] for k in ("status", "detail")}
+            self.close()
+        result.update(wall_s=time.monotonic() - start, stderr_tail=tail)
+        return result
+
+    def _read_line(self, timeout_s: float) -> bytes | None:
+        """The next line of the worker's stdout; b"" at EOF, None after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _end_session(proc: subprocess.Popen, err, scratch: Path) -> None:
+    _kill_group(proc)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+    for stream in (proc.stdin, proc.stdout, err):
+        with contextlib.suppress(Exception):
+            stream.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _tail_from(path: Path, offset: int, max_bytes: int = 64 * 1024) -> str:
+    """The last lines written to a stderr file since `offset` (a file that may be huge)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(max(offset, size - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-_STDERR_TAIL_LINES:])

@@ -1,5 +1,6 @@
 """The verifier's child process: `python -m mtmc.tools.worker` reads one JSON job on stdin and
-prints one JSON result on stdout (tools.sandbox starts it; never run candidates elsewhere).
+prints one JSON result on stdout; with `--serve` it answers one job per line until stdin closes
+(a tools.sandbox.Session).  tools.sandbox starts it; never run candidates elsewhere.
 
 Jobs (every one carries "spec": KernelSpec.to_dict() and "source": the candidate, except ping):
   {"kind": "compile", "dims": {...}?, "target": "h200"?, "profile": {...}?}
@@ -153,24 +154,49 @@ def run(job: dict) -> dict:
     return result
 
 
-def main() -> None:
-    # Only our result may reach stdout: keep the real stdout on a private fd and point fd 1 (and
-    # sys.stdout) at stderr, so candidate prints, C-level ones included, go there.
+def _private_stdout():
+    """Only our results may reach stdout: keep the real stdout on a private fd and point fd 1
+    (and sys.stdout) at stderr, so candidate prints, C-level ones included, go there."""
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     faulthandler.enable(file=sys.stderr)  # a segfault leaves a Python traceback for the debugger
+    return result_out
+
+
+def _answer(out, result: dict) -> None:
+    out.write(json.dumps(result, default=repr) + "\n")
+    out.flush()
+    sys.stderr.flush()
+
+
+def main() -> None:
+    result_out = _private_stdout()
     try:
         job = json.loads(sys.stdin.read())
         result = run(job)
     except Exception as e:  # an unreadable job
         result = error_result(None, e)
-    result_out.write(json.dumps(result, default=repr) + "\n")
-    result_out.flush()
-    sys.stderr.flush()
+    _answer(result_out, result)
     # Skip interpreter teardown: compile threads or a broken CUDA context can hang or crash it.
     os._exit(0)
 
 
+def serve() -> None:
+    """A session (tools.sandbox.Session): one JSON job per stdin line, one result per stdout line,
+    until stdin closes."""
+    result_out = _private_stdout()
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            break
+        try:
+            result = run(json.loads(line))
+        except Exception as e:  # an unreadable job
+            result = error_result(None, e)
+        _answer(result_out, result)
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    main()
+    serve() if sys.argv[1:] == ["--serve"] else main()
