@@ -21,21 +21,23 @@ import ast
 import dataclasses
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from mtmc.agents.context import Context
 from mtmc.agents.module_report import markdown_report, summary_json
 from mtmc.agents.runner import run_request
 from mtmc.kernels.assemble import assemble
-from mtmc.kernels.capture import PHASES, last_phase
-from mtmc.kernels.fusion import Group, partition
+from mtmc.kernels.capture import PHASES, info_bytes, last_phase
+from mtmc.kernels.fusion import Group, Partition, partition
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
+from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
 from mtmc.tools.sandbox import run_job
 from mtmc.tools.verify import gpu_available
 
 CAPTURE_TIMEOUT_S = 120.0
-MEMORY_MB = 8192
+MEMORY_MB = 8192  # the interpreter's whole-module check on CPU; capture's cap comes from the machine
 
 
 class Rejected(Exception):
@@ -53,10 +55,12 @@ def check_syntax(source: str, name: str) -> None:
         raise Rejected(f"{name} has a syntax error at line {e.lineno}: {e.msg}{text}") from None
 
 
-def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int = MEMORY_MB) -> dict:
-    """kernels.capture's result for the file, from a sandboxed child; Rejected with a clear
-    message when the upload cannot be captured."""
+def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None) -> dict:
+    """kernels.capture's result for the file, from a sandboxed child capped at memory_mb (default:
+    machine.capture_memory_mb(), a share of free host memory); Rejected with a clear message
+    when the upload cannot be captured."""
     name = os.path.basename(path)
+    memory_mb = capture_memory_mb() if memory_mb is None else memory_mb
     result = run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s, memory_mb=memory_mb)
     status = result.get("status")
     phase = PHASES.get(last_phase(result.get("stderr_tail") or "") or "", "loading it")
@@ -77,6 +81,69 @@ def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb:
     if "upload_error" in captured:
         raise Rejected(captured["upload_error"])
     return captured
+
+
+def memory_needs(captured: dict, gpu: bool) -> dict:
+    """Bytes of the upload's inputs, parameters and outputs (known from the capture's shapes), and
+    the GPU's free memory when a GPU is used (None when unknown or unused)."""
+    need = {"inputs_bytes": info_bytes(captured["inputs"]), "params_bytes": info_bytes(captured["params"].values()),
+            "outputs_bytes": info_bytes(captured.get("outputs", []))}
+    free = gpu_memory() if gpu else None
+    return {**need, "total_bytes": sum(need.values()), "gpu_free_bytes": free[0] if free else None}
+
+
+def check_fits(name: str, memory: dict) -> None:
+    """Rejected when the upload cannot be held on the GPU at its full size.  Without a GPU nothing
+    is refused for size: the kernels are checked at cut sizes in Triton's interpreter."""
+    free, total = memory["gpu_free_bytes"], memory["total_bytes"]
+    if free is not None and total > free:
+        raise Rejected(f"{name} is too big for this GPU: its inputs ({gib(memory['inputs_bytes'])}), parameters "
+                       f"({gib(memory['params_bytes'])}) and outputs ({gib(memory['outputs_bytes'])}) need "
+                       f"{gib(total)} ({total} bytes), and the GPU has {gib(free)} ({free} bytes) free")
+
+
+def capture_and_partition(path: str, gpu: bool, timeout_s: float, memory_mb: int | None,
+                          on_event=None) -> tuple[dict, dict, Partition]:
+    """(captured, memory_needs, partition) of the file; Rejected for a bad or too big upload."""
+    name = os.path.basename(path)
+    try:
+        check_syntax(Path(path).read_text(), name)
+    except (OSError, UnicodeDecodeError) as e:
+        raise Rejected(f"cannot read {path}: {e}") from None
+    captured = capture_in_child(path, timeout_s, memory_mb)
+    memory = memory_needs(captured, gpu)
+    check_fits(name, memory)
+    _emit(on_event, "captured", graphs=[g["path"] for g in captured["graphs"]], problems=captured["problems"])
+    part = partition(captured)
+    _emit(on_event, "partitioned", groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
+          torch_ops=part.torch_ops)
+    return captured, memory, part
+
+
+def _group_plan(g: Group) -> dict:
+    spec = KernelSpec.from_dict(g.spec)
+    return {"id": g.id, "graph": g.graph, "family": g.family, "ops": g.ops, "notes": g.notes,
+            "spec": {"op": spec.op, "dims": spec.dims, "dtype": spec.dtype, "description": spec.describe()}}
+
+
+def plan_module(path: str, gpu: bool | None = None, capture_timeout_s: float = CAPTURE_TIMEOUT_S,
+                memory_mb: int | None = None, on_event=None) -> dict:
+    """Capture and partition only (`mtmc optimize --plan-only`): nothing is compiled, and nothing
+    runs at full size.  Returns {"status": "planned" | "rejected", "file", "seconds", and either
+    "message" or "tensors" ("fake" | "real"), "inputs", "outputs", "memory", "groups" (id, family,
+    ops, spec summary), "torch_ops" (op and why it stays PyTorch), "problems" (untraceable parts)}."""
+    start, name = time.monotonic(), os.path.basename(path)
+    gpu = gpu_available() if gpu is None else gpu
+    try:
+        captured, memory, part = capture_and_partition(path, gpu, capture_timeout_s, memory_mb, on_event)
+    except Rejected as e:
+        _emit(on_event, "rejected", message=str(e))
+        return {"status": "rejected", "file": name, "message": str(e), "seconds": time.monotonic() - start}
+    return {"status": "planned", "file": name, "seconds": time.monotonic() - start, "gpu": gpu,
+            "tensors": captured.get("tensors"), "fake_failure": captured.get("fake_failure"),
+            "inputs": captured["inputs"], "outputs": captured.get("outputs", []), "memory": memory,
+            "groups": [_group_plan(g) for g in part.groups], "torch_ops": part.torch_ops,
+            "problems": captured["problems"]}
 
 
 # -- one group through the loop ---------------------------------------------------------------
@@ -218,25 +285,18 @@ def time_in_child(path: str, timeout_s: float) -> dict:
 # -- the whole flow ---------------------------------------------------------------------------
 
 def optimize_module(path: str, ctx: Context, out_path: str, report_path: str | None = None, on_event=None,
-                    capture_timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int = MEMORY_MB) -> dict:
+                    capture_timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None) -> dict:
     """Optimize the module file at `path`, write ModelNew to out_path (and the markdown report to
     report_path).  Returns the summary (see module_report.summary_json) with "status":
     "done" (ModelNew written and checked), "rejected" (a bad upload; "message" says why) or
     "failed" (ModelNew does not match Model even with every group in PyTorch)."""
     name = os.path.basename(path)
-    try:
-        source = Path(path).read_text()
-        check_syntax(source, name)
-        captured = capture_in_child(path, capture_timeout_s, memory_mb)
-    except (Rejected, OSError, UnicodeDecodeError) as e:
-        message = str(e) if isinstance(e, Rejected) else f"cannot read {path}: {e}"
-        _emit(on_event, "rejected", message=message)
-        return {"status": "rejected", "file": name, "message": message}
-    _emit(on_event, "captured", graphs=[g["path"] for g in captured["graphs"]], problems=captured["problems"])
-    part = partition(captured)
-    _emit(on_event, "partitioned", groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
-          torch_ops=part.torch_ops)
     gpu = gpu_available() if ctx.use_gpu is None else ctx.use_gpu
+    try:
+        captured, _, part = capture_and_partition(path, gpu, capture_timeout_s, memory_mb, on_event)
+    except Rejected as e:
+        _emit(on_event, "rejected", message=str(e))
+        return {"status": "rejected", "file": name, "message": str(e)}
     outcomes = optimize_groups(part.groups, ctx, gpu, on_event)
     out = Path(out_path)
     check = assemble_checked(path, captured, part.groups, outcomes, out, gpu, ctx.timeout_s, on_event)

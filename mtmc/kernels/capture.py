@@ -3,9 +3,13 @@
 
 The file follows the common kernel-benchmark format: `class Model(nn.Module)`, `get_inputs()`
 (the forward inputs) and `get_init_inputs()` (the constructor arguments).  The module is built,
-run once eagerly on get_inputs() (so the real shapes and dtypes are known and a forward that
-raises is reported as such), and traced with torch.fx; a ShapeProp run records what every node
-produced.
+run once eagerly on get_inputs() (so the shapes and dtypes are known and a forward that raises
+is reported as such), and traced with torch.fx; a ShapeProp run records what every node
+produced.  All of it runs under torch's FakeTensorMode: every tensor has a shape, a dtype and
+no data, so inputs of 1e10 elements cost nothing.  When fake tensors cannot run the module (it
+reads a value: .item(), bool() on a tensor, an output size that depends on the data), it is run
+again on real tensors, but only when the sizes learned so far fit this process's memory; else
+the upload is refused with those numbers.
 
 A forward torch.fx cannot trace (a Python `if` on a tensor value, for example) is not the end:
 the submodule whose code failed is kept as one opaque call and the rest is traced around it;
@@ -14,7 +18,8 @@ on its own instead (with the arguments it got in the eager run).  Every such par
 with the file line that stopped the tracer.
 
 Result (JSON): {"graphs": [{"path", "nodes", "modules", "line_of"}], "problems": [{"path",
-"where", "reason"}], "inputs", "params", "training"}.  A bad upload raises UploadError with a
+"where", "reason"}], "inputs", "params", "outputs", "training", "tensors": "fake" | "real"
+(and "fake_failure": why fake tensors were not enough)}.  A bad upload raises UploadError with a
 plain-words message; the worker turns it into an error result.
 """
 from __future__ import annotations
@@ -39,7 +44,12 @@ PHASES = {
 
 
 class UploadError(Exception):
-    """The upload cannot be used; the message says why in plain words."""
+    """The upload cannot be used; the message says why in plain words.  `cause`: the exception
+    the upload's code raised, when it raised one."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        self.cause = cause
 
 
 class Untraceable(Exception):
@@ -104,14 +114,21 @@ def memory_limit_mb() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft // 2**20
 
 
+# What fake tensors raise when the code needs the data itself (torch's own exception names).
+NEEDS_DATA = {"DataDependentOutputException", "DynamicOutputShapeException", "UnsupportedOperatorException",
+              "UnsupportedFakeTensorException", "GuardOnDataDependentSymNode"}
+
+
 def _failure(what: str, exc: BaseException, path: str) -> UploadError:
     at = where(exc, path)
     if out_of_memory(exc):
         limit = memory_limit_mb()
         return UploadError(f"{what} ran out of memory" + (f" (the limit is {limit} MB)" if limit else "")
-                           + (f"\n  at {at}" if at else ""))
-    return UploadError(f"{what} raised {type(exc).__name__}: {str(exc).strip()[:600]}"
-                       + (f"\n  at {at}" if at else ""))
+                           + (f"\n  at {at}" if at else ""), exc)
+    hint = (" (it reads the tensors' values: .item(), bool() or an output size that depends on the data, "
+            "which shapes alone cannot give)" if type(exc).__name__ in NEEDS_DATA else "")
+    return UploadError(f"{what} raised {type(exc).__name__}: {str(exc).strip()[:600]}{hint}"
+                       + (f"\n  at {at}" if at else ""), exc)
 
 
 # -- loading and running --------------------------------------------------------------------
@@ -140,8 +157,10 @@ def load_upload(path: str):
     return module
 
 
-def build(module, path: str):
-    """(model, inputs) from the file's own get_init_inputs() / get_inputs()."""
+def build(module, path: str, learned: dict):
+    """(model, inputs) from the file's own get_init_inputs() / get_inputs(); their bytes go
+    into `learned` as soon as they are known."""
+    import torch
     name = os.path.basename(path)
     phase("init")
     try:
@@ -149,6 +168,7 @@ def build(module, path: str):
         model = module.Model(*init)
     except BaseException as e:
         raise _failure(f"building Model(*get_init_inputs()) from {name}", e, path) from None
+    learned["params"] = info_bytes(params_info(model).values())
     phase("inputs")
     try:
         inputs = module.get_inputs()
@@ -157,9 +177,11 @@ def build(module, path: str):
     if not isinstance(inputs, (list, tuple)):
         # Model(*get_inputs()) would unpack a tensor along its first dim (the verifier and the
         # benchmark harness both call it so): say so rather than capture something else
-        raise UploadError(f"get_inputs() in {name} returned a {type(inputs).__name__}, not a list of the "
+        kind = "Tensor" if isinstance(inputs, torch.Tensor) else type(inputs).__name__  # not FakeTensor
+        raise UploadError(f"get_inputs() in {name} returned a {kind}, not a list of the "
                           "forward's inputs; the format calls Model(*get_inputs()), which would split it. "
                           "Return a list, e.g. [x].")
+    learned["inputs"] = info_bytes(_tensor_info(x) for x in inputs)
     return model, list(inputs)
 
 
@@ -210,6 +232,7 @@ def _tracer(leaves: set[str]):
 
     t = Tracer()
     t.record_stack_traces = True  # each node's line in the user's file, for reports
+    t.proxy_buffer_attributes = True  # self.mask[:, :, :T, :T] slices a buffer by a traced size
     return t
 
 
@@ -217,16 +240,22 @@ def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else prefix or path
 
 
-def _positional(mod, args: tuple, kwargs: dict) -> list:
-    """The recorded call as positional arguments in forward's order (fx placeholders)."""
-    if not kwargs:
-        return list(args)
+def _call_args(mod, call) -> tuple[list, dict]:
+    """The recorded call (a list, or (args, kwargs)) as positional arguments in forward's order
+    (fx placeholders), and the parameters it left at plain default values: traced as those
+    constants, so `if h0 is None:` takes the branch the call took."""
+    args, kwargs = (call, {}) if isinstance(call, list) else call
     sig = inspect.signature(mod.forward)
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
-        raise Untraceable("", "its forward takes *args or **kwargs")
+    params = list(sig.parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        if kwargs:
+            raise Untraceable("", "its forward takes *args or **kwargs")
+        return list(args), {}
     bound = sig.bind(*args, **kwargs)
+    left = {p.name: p.default for p in params if p.name not in bound.arguments
+            and (p.default is None or isinstance(p.default, (bool, int, float, str)))}
     bound.apply_defaults()
-    return list(bound.arguments.values())
+    return list(bound.arguments.values()), left
 
 
 def _module_info(mod) -> dict:
@@ -248,18 +277,20 @@ def _module_info(mod) -> dict:
     return {"type": f"{cls.__module__}.{cls.__qualname__}", "attrs": attrs, "params": params}
 
 
-def trace_module(prefix: str, mod, args: list, path: str) -> tuple[dict, list[dict]]:
-    """The graph of `mod` (at `prefix` in the model) and the submodules kept opaque."""
+def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
+    """The graph of `mod` (at `prefix` in the model) for its recorded `call`, and the
+    submodules kept opaque."""
     import torch
     import torch.fx as fx
     from torch.fx.passes.shape_prop import ShapeProp
 
     from mtmc.kernels.fxjson import Unreproducible, describe_value, encode_node
 
+    args, defaults = _call_args(mod, call)
     leaves: dict[str, dict] = {}
     for _ in range(MAX_LEAVES + 1):
         try:
-            graph = _tracer(set(leaves)).trace(mod)
+            graph = _tracer(set(leaves)).trace(mod, concrete_args=defaults or None)
             break
         except Exception as e:
             sub = getattr(e, "mtmc_path", None)
@@ -316,8 +347,7 @@ def capture_graphs(model, inputs: list, calls: dict, path: str) -> tuple[list[di
     while queue and len(graphs) < MAX_GRAPHS:
         prefix, mod, call = queue.pop(0)
         try:
-            args = call if isinstance(call, list) else _positional(mod, *call)
-            graph, leaves = trace_module(prefix, mod, args, path)
+            graph, leaves = trace_module(prefix, mod, call, path)
         except Untraceable as e:
             problems.append({"path": prefix, "where": e.where, "reason": e.reason})
             children(prefix, mod)
@@ -336,23 +366,81 @@ def _tensor_info(t) -> dict:
     return {"kind": "value", "type": type(t).__name__, "repr": repr(t)[:80]}
 
 
+def params_info(model) -> dict:
+    """Shape and dtype of every parameter and buffer (never their values)."""
+    return {n: _tensor_info(p) for n, p in [*model.named_parameters(), *model.named_buffers()]}
+
+
+def info_bytes(infos) -> int:
+    """Bytes of the tensors among _tensor_info() descriptions."""
+    import math
+
+    import torch
+    return sum(math.prod(i["shape"]) * torch.empty((), dtype=getattr(torch, i["dtype"])).element_size()
+               for i in infos if i.get("kind") == "tensor")
+
+
+def fake_tensors():
+    """torch's FakeTensorMode: every tensor made under it has a shape and a dtype but no data."""
+    import logging
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    # an upload's own error is reported once, by us, not with torch's traceback of it on stderr
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
+    # no fallback kernels: for an op without a shape-only implementation they run the real op on
+    # zero-filled full-size tensors.  A real tensor made some other way (torch.from_numpy) is
+    # turned fake where it is used.
+    return FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=True)
+
+
+def run_and_trace(module, path: str, learned: dict, fake: bool) -> dict:
+    """Build, run once and trace; the result without "file" and "tensors"."""
+    import torch.utils._pytree as pytree
+    model, inputs = build(module, path, learned)
+    out, calls = run_recording_calls(model, inputs, path)
+    outputs = [_tensor_info(t) for t in pytree.tree_leaves(out)]
+    learned["outputs"] = info_bytes(outputs)
+    phase("trace")
+    try:
+        graphs, problems = capture_graphs(model, inputs, calls, path)
+    except Exception as e:
+        if not fake:  # it ran for real: a failure here is the capture's own
+            raise
+        raise _failure(f"the shape pass over {os.path.basename(path)}'s graph", e, path) from None
+    return {"graphs": graphs, "problems": problems, "inputs": [_tensor_info(x) for x in inputs],
+            "params": params_info(model), "outputs": outputs, "training": bool(model.training)}
+
+
+def _refuse_if_too_big(failure: UploadError, learned: dict) -> None:
+    """Before running for real what fake tensors could not: refuse, with the numbers, when the
+    inputs and parameters learned so far do not fit this process's memory."""
+    from mtmc.tools.machine import address_space_left, gib, host_free_bytes
+    budget = min((b for b in (address_space_left(), host_free_bytes()) if b is not None), default=None)
+    needed = sum(learned.values())
+    if budget is None or needed <= budget:
+        return
+    parts = ", ".join(f"{ {'params': 'parameters'}.get(k, k)} {gib(v)}" for k, v in learned.items())
+    raise UploadError(f"{failure}\n  This was found on fake tensors (shapes, no data). Running it on real "
+                      f"tensors needs at least {gib(needed)} ({needed} bytes: {parts}), more than the "
+                      f"{gib(budget)} ({budget} bytes) of memory the capture may use.", failure.cause)
+
+
 def capture(path: str) -> dict:
     """Import, build, run and trace the module in `path` (see the module doc for the result)."""
     from mtmc.tools.offline import block_network
     block_network()
     path = os.path.abspath(path)
     module = load_upload(path)
-    model, inputs = build(module, path)
-    _, calls = run_recording_calls(model, inputs, path)
-    phase("trace")
-    graphs, problems = capture_graphs(model, inputs, calls, path)
-    return {
-        "file": os.path.basename(path),
-        "graphs": graphs, "problems": problems,
-        "inputs": [_tensor_info(x) for x in inputs],
-        "params": {n: _tensor_info(p) for n, p in [*model.named_parameters(), *model.named_buffers()]},
-        "training": bool(model.training),
-    }
+    learned: dict[str, int] = {}
+    try:
+        with fake_tensors():
+            result = {**run_and_trace(module, path, learned, fake=True), "tensors": "fake"}
+    except UploadError as e:
+        if e.cause is None or out_of_memory(e.cause):  # a verdict on the file, whatever the tensors
+            raise
+        _refuse_if_too_big(e, learned)
+        result = {**run_and_trace(module, path, {}, fake=False), "tensors": "real", "fake_failure": str(e)}
+    return {"file": os.path.basename(path), **result}
 
 
 def capture_job(job: dict) -> dict:

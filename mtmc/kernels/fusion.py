@@ -127,6 +127,8 @@ class Partitioner:
                 s = classify(n["name"])
             except Reject as e:
                 s, self.why[n["name"]] = None, str(e)
+            except Exception as e:  # a form the classifier does not know: PyTorch runs it, the report says so
+                s, self.why[n["name"]] = None, _not_analysed(e)
             if s is not None:
                 self.sem[n["name"]] = s
         self.taken: set[str] = set()
@@ -419,12 +421,19 @@ class Partitioner:
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                (self._matmul_group if a.family == "matmul" else self._rows_group)(name, a)
+                self._try_group(self._matmul_group if a.family == "matmul" else self._rows_group, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)
             if isinstance(s, Pointwise) and name not in self.taken:
-                self._chain_group(name, s)
+                self._try_group(self._chain_group, name, s)
         return self.groups
+
+    def _try_group(self, build, name: str, sem) -> None:
+        """One group built around `name`; a failure leaves it to PyTorch with the reason."""
+        try:
+            build(name, sem)
+        except Exception as e:
+            self.why[name] = _not_analysed(e)
 
     # -- a hand-written SiLU: x * sigmoid(x) -------------------------------------------------------
     def _silu_patterns(self) -> None:
@@ -500,6 +509,22 @@ class Partitioner:
             return anchor
         return None
 
+    def _makes_tensors(self, name: str) -> bool:
+        """The node produced a tensor, or a tuple holding one (an LSTM's (out, (h, c)))."""
+        def has(v) -> bool:
+            return isinstance(v, dict) and ("tensor" in v or any(has(x) for x in v.get("seq", [])))
+        return has(self.g.by_name[name]["value"])
+
+    def _indexes_by_tensor(self, name: str) -> bool:
+        """x[idx] with a tensor idx: a gather, not a view."""
+        n = self.g.by_name[name]
+        if n["target"] != q(operator.getitem):
+            return False
+        args, _ = self.g.args(name)
+        index = args[1] if len(args) > 1 else None
+        parts = index if isinstance(index, (tuple, list)) else (index,)
+        return any(isinstance(p, NodeRef) and self.g.tensor(p) is not None for p in parts)
+
     def torch_ops(self) -> list[dict]:
         """Nodes left to PyTorch that compute something (views, sizes and selections are free)."""
         free = {"view", "reshape", "permute", "transpose", "contiguous", "flatten", "unsqueeze", "squeeze",
@@ -508,14 +533,20 @@ class Partitioner:
         left = []
         for n in self.g.nodes:
             name = n["name"]
-            if name in self.taken or n["op"] in ("placeholder", "output", "get_attr") or self.g.tensor(name) is None:
+            if name in self.taken or n["op"] in ("placeholder", "output", "get_attr") or not self._makes_tensors(name):
                 continue
-            if n["target"].rsplit(".", 1)[-1].rstrip("_") in free:
+            gather = self._indexes_by_tensor(name)
+            if n["target"].rsplit(".", 1)[-1].rstrip("_") in free and not gather:
                 continue
-            why = self.why.get(name) or ("outside the kernel catalog" if name not in self.sem
+            why = self.why.get(name) or ("indexing by a tensor (a gather) is outside the kernel catalog" if gather
+                                         else "outside the kernel catalog" if name not in self.sem
                                          else "nothing to fuse it with")
             left.append({"node": name, "graph": self.g.path, "op": self.g.words(name), "why": why})
         return left
+
+
+def _not_analysed(e: Exception) -> str:
+    return f"not analysed: the partitioner failed on it ({type(e).__name__}: {str(e)[:200]})"
 
 
 @dataclass

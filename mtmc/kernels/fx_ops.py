@@ -50,8 +50,13 @@ class Graph:
                 self.users[used].append(n["name"])
 
     def args(self, name: str) -> tuple[tuple, dict]:
+        """The node's (args, kwargs), node arguments as NodeRefs; a function's input passed by
+        keyword (torch.relu(input=x)) comes first in args, as every reader expects it there."""
         n = self.by_name[name]
-        return tuple(decode_arg(n["args"], _Refs())), decode_arg(n["kwargs"], _Refs())
+        args, kwargs = tuple(decode_arg(n["args"], _Refs())), decode_arg(n["kwargs"], _Refs())
+        if n["op"] == "call_function" and not args and "input" in kwargs:
+            args = (kwargs.pop("input"),)
+        return args, kwargs
 
     def tensor(self, ref) -> tuple[list[int], str] | None:
         """(shape, dtype) when `ref` (a NodeRef or a name) produced a tensor."""
@@ -85,7 +90,7 @@ class Graph:
             what = f".{n['target']}()"
         elif n["op"] == "call_function":
             what = n["target"].removeprefix("torch.nn.functional.").removeprefix("torch._C._nn.")
-            what = what.removeprefix("_operator.").removeprefix("torch.")
+            what = what.removeprefix("_operator.").removeprefix("torch.").removeprefix("functional.")
         line = self.line_of.get(name)
         return f"{what} (line {line})" if line else what
 
@@ -215,7 +220,7 @@ class Classifier:
                 return None
             return Pointwise(pair, binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
         if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
-            return self._matmul(name, args[0], args[1])
+            return self._matmul(name, args[0], _arg(args, kwargs, 1, "other", kwargs.get("mat2")))
         if fn == LINEAR_FUNCTION:
             return self._linear(name, args[0], _arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias"))
         if fn in REDUCE_FUNCTIONS or method in REDUCE_METHODS:
@@ -266,7 +271,8 @@ class Classifier:
                     ([{"op": "clamp_max", "value": float(hi)}] if hi is not None else [])
             return Pointwise([x], steps)
         if op == "pow":
-            if self.g.number(args[1]) != 2.0 or not isinstance(args[1], (int, float)):
+            exponent = _arg(args, kwargs, 1, "exponent")
+            if self.g.number(exponent) != 2.0 or not isinstance(exponent, (int, float)):
                 raise Reject("only the power 2 is fused")
             return Pointwise([x], [{"op": "square"}])
         if op == "dropout":
