@@ -385,8 +385,12 @@ def fake_tensors():
     import logging
 
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.hub import tqdm
     # an upload's own error is reported once, by us, not with torch's traceback of it on stderr
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
+    # fx's Interpreter makes a (disabled) tqdm bar, whose monitor thread alone would map ~70 MB
+    # of the child's capped address space
+    tqdm.monitor_interval = 0
     # no fallback kernels: for an op without a shape-only implementation they run the real op on
     # zero-filled full-size tensors.  A real tensor made some other way (torch.from_numpy) is
     # turned fake where it is used.
