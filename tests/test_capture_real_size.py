@@ -13,6 +13,7 @@ import pytest
 
 from mtmc.agents.module_flow import Rejected, capture_in_child, plan_module
 from mtmc.kernels.fusion import partition
+from mtmc.kernels.fx_ops import einsum_b_layout
 from mtmc.tools import machine
 from test_module_optimize import assert_assembled_matches, captured_source
 
@@ -78,7 +79,8 @@ class Model(nn.Module):
         h = torch.matmul(g, other=self.w)
         s = h.sum(dim=1, keepdim=True)
         v = h.view(h.size(0), -1).transpose(0, 1)
-        return torch.mul(input=f, other=2.0), s, v, torch.clamp(h, min=-1.0, max=1.0)
+        t = torch.einsum("bij,bkj->bik", x, x)             # a batched matmul, b read as [N, K]
+        return torch.mul(input=f, other=2.0), s, v, torch.clamp(h, min=-1.0, max=1.0), t
 
 
 def get_inputs():
@@ -161,15 +163,25 @@ def test_common_ops_are_captured_and_partitioned(tmp_path):
     cap, part = captured_source(tmp_path, COMMON_OPS)
     assert cap["tensors"] == "fake" and not cap["problems"]
     left = {t["op"].split(" (")[0]: t["why"] for t in part.torch_ops}
-    assert left == {"einsum": "outside the kernel catalog", "tensordot": "outside the kernel catalog",
-                    "flip": "outside the kernel catalog",
+    assert left == {"tensordot": "outside the kernel catalog", "flip": "outside the kernel catalog",
                     "getitem": "indexing by a tensor (a gather) is outside the kernel catalog"}
     ops = [[op.split(" (")[0] for op in g.ops] for g in part.groups]
-    for expected in (["softmax"], ["matmul"], [".sum()"], ["add", "relu", "mul"], ["clamp"]):
+    for expected in (["einsum", "add"], ["softmax"], ["matmul"], [".sum()"], ["add", "relu", "mul"], ["clamp"],
+                     ["einsum"]):
         assert expected in ops, ops
+    einsums = [g.spec for g in part.groups if g.ops[0].startswith("einsum")]
+    assert [(s["op"], s["params"]["b_layout"]) for s in einsums] == [("matmul", "kn"), ("bmm", "nk")]
     keepdim = next(g for g in part.groups if g.out.get("keepdim"))
     assert keepdim.out == {"kind": "reduced", "dim": 1, "keepdim": True}
     assert_assembled_matches(tmp_path, COMMON_OPS, cap, part)
+
+
+@pytest.mark.parametrize("equation, layout", [
+    ("bijl,lk->bijk", "kn"), ("ij,kj->ik", "nk"), ("bij,bjk->bik", "kn"), ("bhcl,bhld->bhcd", "kn"),
+    ("bij, bkj -> bik", "nk"), ("ij,jk->ki", None), ("ii,ij->ij", None), ("...j,jk->...k", None),
+    ("bij,cjk->bik", None), ("ij,jk->ijk", None), ("bij,bjk->ik", None), ("ij,jk,kl->il", None)])
+def test_einsums_that_are_matmuls(equation, layout):
+    assert einsum_b_layout(equation) == layout
 
 
 def test_default_arguments_and_buffer_slices_are_traced(tmp_path):

@@ -132,6 +132,7 @@ BINARY_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "trued
                   "maximum": "maximum", "minimum": "minimum"}
 MATMUL_FUNCTIONS = {q(f) for f in (torch.matmul, operator.matmul, torch.mm, torch.bmm)}
 LINEAR_FUNCTION = q(F.linear)
+EINSUM = q(torch.einsum)
 REDUCE_FUNCTIONS = {q(f): op for f, op in [
     (torch.sum, "sum"), (torch.mean, "mean"), (torch.amax, "max"), (torch.amin, "min"), (torch.max, "max"),
     (torch.min, "min"), (torch.argmax, "argmax"), (torch.argmin, "argmin")]}
@@ -146,6 +147,27 @@ if hasattr(nn, "RMSNorm"):
     NORM_MODULES[_cls(nn.RMSNorm)] = "rmsnorm"
 TRANSPOSES = {q(torch.transpose), q(torch.t)}
 RSQRT, SQRT = {q(torch.rsqrt)}, {q(torch.sqrt), q(math.sqrt)}
+
+
+def einsum_b_layout(equation: str) -> str | None:
+    """"kn" or "nk" when an einsum of two operands a, b is a matmul a @ b (or a @ b^T): a's last
+    letter k is contracted with one of b's last two, b's other last letter n ends the output,
+    and a's other letters lead it: 'bijl,lk->bijk', 'ij,kj->ik'; for a batched b ('bij,bjk->bik')
+    its leading letters are a's own.  None for any other equation."""
+    eq = equation.replace(" ", "")
+    if "." in eq or eq.count("->") != 1 or eq.count(",") != 1:
+        return None
+    (ea, eb), out = eq.split("->")[0].split(","), eq.split("->")[1]
+    if len(ea) < 2 or len(eb) < 2 or len(set(ea)) != len(ea) or len(set(eb)) != len(eb):
+        return None
+    k, batch = ea[-1], eb[:-2]
+    layout = "kn" if eb[-2] == k else "nk" if eb[-1] == k else None
+    n = eb[-1] if layout == "kn" else eb[-2]
+    if layout is None or n in ea or out != ea[:-1] + n:
+        return None
+    if batch and (len(eb) != len(ea) or ea[:-2] != batch):
+        return None
+    return layout
 
 
 @dataclass
@@ -221,6 +243,8 @@ class Classifier:
             return Pointwise(pair, binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
         if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
             return self._matmul(name, args[0], _arg(args, kwargs, 1, "other", kwargs.get("mat2")))
+        if fn == EINSUM:
+            return self._einsum(name, args)
         if fn == LINEAR_FUNCTION:
             return self._linear(name, args[0], _arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias"))
         if fn in REDUCE_FUNCTIONS or method in REDUCE_METHODS:
@@ -357,21 +381,33 @@ class Classifier:
             return src if nd == 2 or args[1] == "mT" else None
         return None
 
-    def _matmul(self, name: str, a, b) -> Anchor:
+    def _matmul(self, name: str, a, b, b_nk: bool = False) -> Anchor:
+        """a @ b; b_nk: b is stored as [N, K] (else a transpose feeding b is read through)."""
         (sa, da), (sb, db) = self._float_tensor(a, "the left operand"), self._float_tensor(b, "the right operand")
         if da != db:
             raise Reject(f"mixed dtypes {da} and {db}")
         if len(sa) < 2 or len(sb) < 2:
             raise Reject("matrix-vector products are not fused")
-        src = self._transposed(b)
+        src = None if b_nk else self._transposed(b)
         covers = [b.name] if src is not None and self.g.users[b.name] == [name] else []
+        b_nk = b_nk or src is not None
         if len(sb) == 2:
-            anchor = Anchor("matmul", "matmul", a, b=src or b, b_nk=src is not None, covers=covers)
+            anchor = Anchor("matmul", "matmul", a, b=src or b, b_nk=b_nk, covers=covers)
         elif len(sa) == len(sb) and sa[:-2] == sb[:-2]:
-            anchor = Anchor("matmul", "bmm", a, b=src or b, b_nk=src is not None, covers=covers)
+            anchor = Anchor("matmul", "bmm", a, b=src or b, b_nk=b_nk, covers=covers)
         else:
             raise Reject("broadcast batch dims in a matmul are not fused")
         return anchor
+
+    def _einsum(self, name: str, args: tuple) -> Anchor:
+        """An einsum that is a matmul (see einsum_b_layout), as that matmul."""
+        equation, operands = args[0], list(args[1:])
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):  # einsum(eq, [a, b])
+            operands = list(operands[0])
+        layout = einsum_b_layout(equation) if isinstance(equation, str) and len(operands) == 2 else None
+        if layout is None:
+            raise Reject(f"einsum {equation!r} is not a matmul")
+        return self._matmul(name, operands[0], operands[1], b_nk=layout == "nk")
 
     def _linear(self, name: str, x, weight, bias, weight_shape=None) -> Anchor:
         sx, dx = self._float_tensor(x, "the input")
