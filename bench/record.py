@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import platform
+import subprocess
 from pathlib import Path
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def run_meta(**extra) -> dict:
     import torch
     import triton
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (estimates)"
-    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-            "torch": torch.__version__, "triton": triton.__version__, **extra}
+    gpu = torch.cuda.is_available()
+    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0) if gpu else "no GPU (estimates)",
+            "driver": driver_version() if gpu else None, "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), **extra}
 
 
 class Results:
@@ -28,7 +42,8 @@ class Results:
     def markdown(self) -> Path:
         return self.dir / f"{self.stem}.md"
 
-    def save(self, rows: list[dict]) -> None:
-        (self.dir / f"{self.stem}.json").write_text(json.dumps({"meta": self.meta, "rows": rows}, indent=1,
-                                                               default=str))
+    def save(self, rows: list[dict], **summary) -> None:
+        """`summary` (e.g. per-level totals) goes into the JSON beside meta and rows."""
+        (self.dir / f"{self.stem}.json").write_text(json.dumps({"meta": self.meta, **summary, "rows": rows},
+                                                               indent=1, default=str))
         self.markdown.write_text(f"# {self.title}\n\n{json.dumps(self.meta, default=str)}\n\n" + self.table(rows))

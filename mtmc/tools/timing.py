@@ -18,16 +18,27 @@ def bench_ms(fn) -> float:
     return float(do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
 
 
-def _compiled_ms(reference, inputs) -> tuple[float | None, str]:
-    """torch.compile of the reference: its time, or None and why it failed."""
+def compiled_ms(fn, inputs, mode: str = "default") -> dict:
+    """torch.compile(fn, mode=mode) on `inputs`: {"ms", "compile_s" (the first call), "note"};
+    "ms" is None and "note" says why when compiling fails."""
+    import time
+
     import torch
     try:
-        compiled = torch.compile(reference)
+        start = time.perf_counter()
+        compiled = torch.compile(fn, mode=mode)
         compiled(*inputs)   # compile outside the timed region
         torch.cuda.synchronize()
-        return bench_ms(lambda: compiled(*inputs)), "torch.compile (default mode)"
+        compile_s = time.perf_counter() - start
+        return {"ms": bench_ms(lambda: compiled(*inputs)), "compile_s": compile_s, "note": f"torch.compile ({mode} mode)"}
     except Exception as e:  # dynamo/inductor failures are a fact about the baseline, not ours
-        return None, f"compile failed: {type(e).__name__}: {str(e)[:500]}"
+        return {"ms": None, "compile_s": None, "note": f"compile failed: {type(e).__name__}: {str(e)[:500]}"}
+
+
+def _compiled_ms(reference, inputs) -> tuple[float | None, str]:
+    """torch.compile of the reference: its time, or None and why it failed."""
+    result = compiled_ms(reference, inputs)
+    return result["ms"], result["note"]
 
 
 def _ratio(base: float | None, ours: float) -> float | None:

@@ -129,6 +129,8 @@ HANDLERS = {"compile": do_compile, "check": do_check, "time": lambda job: do_tim
             "verify": do_verify, "ping": do_ping,
             "capture": _module_job("mtmc.kernels.capture", "capture_job"),
             "module_time": _module_job("mtmc.tools.module_time", "time_job"),
+            "module_eval": _module_job("mtmc.tools.module_time", "eval_job"),
+            "module_baseline": _module_job("mtmc.tools.module_time", "baseline_job"),
             "reference_run": _module_job("mtmc.tools.guard.reference", "reference_job"),
             "candidate_run": _module_job("mtmc.tools.guard.candidate", "candidate_job")}
 
