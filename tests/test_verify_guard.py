@@ -29,8 +29,9 @@ def path(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def scale_relu():
-    """One trusted reference run shared by the candidates (each still gets its own child)."""
-    return run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S)
+    """One trusted reference session shared by the candidates (each still gets its own child)."""
+    with run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S) as ref:
+        yield ref
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,7 @@ CAUGHT_BY = {
     "cheat_returns_constant": ("correctness", "outside tolerance"),
     "cheat_copies_input": ("correctness", "outside tolerance"),
     "cheat_caches_output": ("correctness", "trial 2"),
+    "cheat_caches_by_buffer": ("result_caching", "refilled trial 1's input buffers"),
     "cheat_replays_seed": ("correctness", "outside tolerance"),
     "cheat_searches_for_reference": ("correctness", "outside tolerance"),
     "cheat_first_rows_only": ("correctness", "outside tolerance"),
@@ -109,12 +111,12 @@ def test_honest_kernel_from_mtmc_codegen_is_accepted():
     assert "softmax_kernel" in next(c for c in v["checks"] if c["name"] == "own_kernels")["detail"]
 
 
-def test_reference_outputs_never_reach_the_candidate(verdict_of):
+def test_reference_outputs_never_reach_the_candidate(verdict_of, scale_relu):
     """The candidate's child searches its memory and the verifier's temporary files and finds
-    nothing: the reference ran elsewhere and its files were deleted before the candidate started."""
-    leftovers = list(Path(tempfile.gettempdir()).glob("mtmc-guard-ref-*"))
-    assert not leftovers
+    nothing: the reference's outputs stay in the reference's session."""
     v = verdict_of("cheat_searches_for_reference")
+    # the reference never writes its outputs anywhere; what the check shared is gone with it
+    assert not [p for p in scale_relu.exchange.rglob("*") if p.is_file()]
     assert "reference output found: False" in v["stderr_tail"]
     assert "reference output found: True" not in v["stderr_tail"]
 
@@ -135,13 +137,27 @@ def test_crash_is_contained_as_crashed(verdict_of, cheat, why):
     assert run_job({"kind": "ping"}, timeout_s=60)["status"] == "ok"
 
 
-def test_inputs_are_fresh_and_varied_on_every_run(scale_relu):
-    again = run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S)
-    assert scale_relu.variants == again.variants == list(VARIANTS)
-    for i in range(len(VARIANTS)):
-        assert not torch.equal(scale_relu.inputs[i][0], again.inputs[i][0])
-    assert not torch.equal(scale_relu.state["weight"], again.state["weight"])  # fresh parameters too
-    normal, heavy = scale_relu.inputs[0][0], scale_relu.inputs[1][0]
+def test_inputs_are_fresh_and_varied_on_every_run(scale_relu, tmp_path):
+    from mtmc.tools.guard.exchange import receive
+    with run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S) as again:
+        assert scale_relu.variants == again.variants == list(VARIANTS)
+        for i in range(len(VARIANTS)):
+            a = scale_relu.call("reference_variant", index=i, dir=str(tmp_path))
+            b = again.call("reference_variant", index=i, dir=str(tmp_path))
+            assert a["variant"] == VARIANTS[i] and a["inputs_fingerprint"] != b["inputs_fingerprint"]
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        state_a = receive(scale_relu.call("reference_state", dir=str(tmp_path / "a"))["payload"])
+        state_b = receive(again.call("reference_state", dir=str(tmp_path / "b"))["payload"])
+    assert not torch.equal(state_a["state"]["weight"], state_b["state"]["weight"])  # fresh parameters too
+    assert not again.session.alive and not again.exchange.exists()
+
+
+def test_variant_distributions():
+    from mtmc.kernels.loader import load_file
+    from mtmc.tools.guard.draw import draw_inputs
+    module = load_file(path("ref_scale_relu"), "draw_probe")
+    normal, heavy = draw_inputs(module.get_inputs, "as_given")[0][0], draw_inputs(module.get_inputs, "heavy_tailed")[0][0]
     beyond_3_sigma = lambda t: float((t.abs() > 3).float().mean())  # noqa: E731  (templates are N(0, 1))
     assert beyond_3_sigma(normal) < 0.05 < beyond_3_sigma(heavy)  # Cauchy: ~20 % of values beyond 3
 
@@ -302,3 +318,58 @@ def test_verdict_in_the_module_checks_shape(verdict_of):
     bad = as_module_check(verdict_of("cheat_calls_torch"))
     assert bad["status"] == "failed" and bad["reason"].startswith("rejected: own_kernels:")
     assert as_module_check(verdict_of("honest_scale_relu"))["status"] == "passed"
+
+
+# -- what a check leaves behind ---------------------------------------------------------------
+
+def _tree_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def test_disk_use_is_small_and_cleaned_up_even_when_a_child_crashes(tmp_path, monkeypatch):
+    """Every file of a check lives under TMPDIR while it runs, stays far below the inputs'
+    size on a GPU (handles, not data) and small here, and is gone afterwards, crash or not."""
+    import threading
+    import time
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None   # re-read TMPDIR in this process too
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_bytes(tmp_path))
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S) as ref:
+            assert check_candidate(ref, path("honest_scale_relu"), TIMEOUT_S)["accepted"]
+            assert check_candidate(ref, path("cheat_segfaults"), TIMEOUT_S)["outcome"] == "crashed"
+            assert any(tmp_path.iterdir())   # the sessions' scratch and the exchange live there
+    finally:
+        done.set()
+        watcher.join()
+        tempfile.tempdir = None
+    # torch's compile cache (torchinductor_USER) is shared by design; nothing of the check remains
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert 0 < peak[0] < 16 << 20, peak[0]   # the ref_scale_relu inputs are a few KB
+
+
+def test_shared_tensors_cannot_smuggle_code(tmp_path):
+    """The receiving side unpickles CUDA handles with a whitelist: anything else is refused."""
+    import base64
+    import pickle
+
+    from mtmc.tools.guard.exchange import ExchangeError, receive, share
+    payload = share({"outputs": [torch.ones(3)], "n": 2}, tmp_path, "ok")
+    got = receive(payload)
+    assert torch.equal(got["outputs"][0], torch.ones(3)) and got["n"] == 2
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+    payload["ipc"] = base64.b64encode(pickle.dumps([Evil()])).decode()
+    with pytest.raises(ExchangeError, match="refused builtins.print"):
+        receive(payload)
+    with pytest.raises(ExchangeError, match="more than 10"):
+        receive({"file": payload["file"]}, limit_bytes=10)

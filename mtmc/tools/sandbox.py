@@ -252,6 +252,10 @@ class Session:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
 
+    def stderr_tail(self) -> str:
+        """The last lines the worker wrote to stderr over the whole session."""
+        return _tail_from(self._stderr_path, 0)
+
     def close(self) -> None:
         self._finalizer()
 

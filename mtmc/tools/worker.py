@@ -117,8 +117,8 @@ def do_ping(job: dict) -> dict:
 
 
 def _module_job(module: str, name: str):
-    """A handler of a whole-module job (capture, module_time, reference_run, candidate_run), imported only when
-    such a job runs."""
+    """A handler of a whole-module job (capture, module_time, the guard's sessions), imported only
+    when such a job runs."""
     def handler(job: dict) -> dict:
         import importlib
         return getattr(importlib.import_module(module), name)(job)
@@ -131,8 +131,10 @@ HANDLERS = {"compile": do_compile, "check": do_check, "time": lambda job: do_tim
             "module_time": _module_job("mtmc.tools.module_time", "time_job"),
             "module_eval": _module_job("mtmc.tools.module_time", "eval_job"),
             "module_baseline": _module_job("mtmc.tools.module_time", "baseline_job"),
-            "reference_run": _module_job("mtmc.tools.guard.reference", "reference_job"),
-            "candidate_run": _module_job("mtmc.tools.guard.candidate", "candidate_job")}
+            **{f"reference_{name}": _module_job("mtmc.tools.guard.reference", f"{name}_job")
+               for name in ("open", "state", "variant", "judge", "close")},
+            **{f"candidate_{name}": _module_job("mtmc.tools.guard.candidate", f"{name}_job")
+               for name in ("open", "trial", "time")}}
 
 
 def error_result(kind, e: BaseException) -> dict:

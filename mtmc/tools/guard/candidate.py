@@ -1,25 +1,31 @@
-"""The candidate's side of a module verification: worker job "candidate_run", in its own
-sandboxed child that never holds the reference's outputs.
+"""The candidate's side of a module verification: a session (tools.sandbox.Session) of its own
+that never holds the reference's outputs.
 
-  {"kind": "candidate_run", "path": CANDIDATE.py, "dir": exchange directory holding inputs.pt,
-   "device": "cpu"|"cuda", "time": bool}
-  -> observations (below); dir/outputs.pt gets every trial's outputs and inputs-after-the-call
-
-Order: poison memory, warm up and take baselines (threads, timing functions, the helpers used
-here), install the launch and stream counters, import CANDIDATE, build ModelNew(*init) and load
-the reference's state_dict (strict), then per trial: poison the CUDA cache, run forward on fresh
-copies of the inputs under the op counter, and record what changed.  On a GPU it then profiles
-one call and times it.  Everything observed is returned; nothing is judged here.
+Jobs, in the verifier's order (state stays in this process between them):
+  candidate_open  {"path", "device", "payload" (init inputs, state_dict, mode: exchange), "dir"}
+                  -> observations: poison memory, take baselines (threads, timing functions, the
+                  helpers used here), install the launch and stream counters, import CANDIDATE,
+                  build ModelNew(*init) and load the reference's state_dict (strict)
+  candidate_trial {"index", "payload" (the variant's inputs), "dir", "poison_bytes"}
+                  -> {"obs", "payload"}: the first trial copies the inputs into buffers of its
+                  own; every later trial refills THE SAME buffers in place with the new values
+                  (a result cached per buffer would come back stale); then poison the CUDA cache,
+                  run forward under the op counter, record what changed, and share the outputs
+                  and the buffers as they are after the call
+  candidate_time  {"dir"} (GPU) -> one profiled call, the median time, and the timed output shared
+Everything observed is returned; nothing is judged here.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import traceback
-from pathlib import Path
 
 from mtmc.tools.guard import probes
+from mtmc.tools.guard.exchange import receive, share
 from mtmc.tools.guard.reference import outputs_of, to_device
+
+_RUN: dict = {}   # this session's candidate
 
 
 class _Stop(Exception):
@@ -76,17 +82,15 @@ class _Watch:
         obs["streams"]["current_changed"] |= self.streams.current_changed()
 
 
-def _plain_cpu(x):
+def _plain(x):
+    """An output as the judge may see it: a plain tensor (where it is), else None."""
     import torch
-    return x.detach().to("cpu").clone() if type(x) is torch.Tensor else None
+    return x.detach() if type(x) is torch.Tensor else None
 
 
-def _trial(new, inputs, device: str, watch: _Watch, nbytes: int) -> tuple[dict, list, list]:
+def _trial(new, x, device: str, watch: _Watch) -> tuple[dict, list]:
     import torch
-    from torch.utils._pytree import tree_flatten, tree_map
-    x = to_device(inputs, device)
-    if device == "cuda":
-        probes.poison_cuda_cache(4 * nbytes)
+    from torch.utils._pytree import tree_flatten
     before = watch.launches.names.copy()
     ops = probes.OpCounter(watch.launches)
     with torch.no_grad(), ops:
@@ -96,16 +100,15 @@ def _trial(new, inputs, device: str, watch: _Watch, nbytes: int) -> tuple[dict, 
     flat_in = tree_flatten(x)[0]
     seen = {"launches": dict(watch.launches.names - before), "ops": dict(ops.ops),
             "aliases": probes.aliases(outs, flat_in), "format": probes.format_problems(outs, device)}
-    return seen, [_plain_cpu(o) for o in outs], tree_map(lambda t: _plain_cpu(t) if isinstance(t, torch.Tensor) else t, x)
+    return seen, [_plain(o) for o in outs]
 
 
-def _time_and_profile(new, inputs, device: str, watch: _Watch, obs: dict) -> list:
+def _time_and_profile(new, x, watch: _Watch, obs: dict) -> list:
     """GPU only: one profiled call (which kernels ran, on which streams), then the median time;
-    returns the output of the last timed call, checked by the parent like any other."""
+    returns the output of the last timed call, judged like any other."""
     import torch
 
     from mtmc.tools.timing import bench_ms
-    x = to_device(inputs, device)
     last: list = []
 
     def call():
@@ -122,22 +125,44 @@ def _time_and_profile(new, inputs, device: str, watch: _Watch, obs: dict) -> lis
                       "other": [k for k in kernels if k["name"] not in launched]}
     obs["streams"]["used"] = sorted({str(k["stream"]) for k in kernels if k["stream"] is not None})
     watch.record("after timing", threads=False)  # the profiler starts threads of its own
-    return [_plain_cpu(o) for o in last]
+    return [_plain(o) for o in last]
 
 
-def run_candidate(path: str, exchange: Path, device: str, timed: bool) -> dict:
+def _refill(buffers, given):
+    """The given values copied into the trial's buffers in place (same tensor objects); a new
+    copy where a shape differs."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+    old, spec = tree_flatten(buffers)
+    new, new_spec = tree_flatten(given)
+    if spec != new_spec:
+        return to_device(given, _RUN["device"])
+    out = []
+    for b, g in zip(old, new):
+        if isinstance(b, torch.Tensor) and isinstance(g, torch.Tensor) and b.shape == g.shape and b.dtype == g.dtype:
+            b.copy_(g)
+            out.append(b)
+        else:
+            out.append(g.clone() if isinstance(g, torch.Tensor) else g)
+    return tree_unflatten(out, spec)
+
+
+def open_job(job: dict) -> dict:
     import torch
 
     from mtmc.kernels.loader import load_file
+    from mtmc.tools.offline import block_network
+    block_network()
+    device = job.get("device", "cpu")
     obs = _new_observations()
     obs["poison"] = probes.poison_host_allocations() if device == "cpu" else "CUDA cache poisoned with NaN before every call"
-    given = torch.load(exchange / "inputs.pt", weights_only=True)
-    nbytes = sum(t.numel() * t.element_size() for trial in given["inputs"] for t in trial if isinstance(t, torch.Tensor))
+    given = receive(job["payload"])
     watch = _Watch(obs, device)
-    saved = {"outputs": [], "inputs_after": [], "timed": None}
+    _RUN.clear()
+    _RUN.update(obs=obs, watch=watch, device=device, buffers=None, shared=None)
     try:
         with _stage(obs, "import"):
-            module = load_file(path, f"mtmc_candidate_{os.getpid()}")
+            module = load_file(job["path"], f"mtmc_candidate_{os.getpid()}")
         watch.record("after import")
         with _stage(obs, "construct"):
             if not hasattr(module, "ModelNew"):
@@ -146,23 +171,42 @@ def run_candidate(path: str, exchange: Path, device: str, timed: bool) -> dict:
             new.load_state_dict(given["state"], strict=True)
             new.to(device).train(given.get("mode", "train") == "train")
         obs["loaded"] = True
-        for i, inputs in enumerate(given["inputs"]):
-            with _stage(obs, f"forward (trial {i + 1})"):
-                seen, outs, after = _trial(new, inputs, device, watch, nbytes)
-            watch.record(f"after trial {i + 1}")
-            obs["trials"].append(seen)
-            saved["outputs"].append(outs)
-            saved["inputs_after"].append(after)
-        if timed and device == "cuda":
-            with _stage(obs, "timing"):
-                saved["timed"] = _time_and_profile(new, given["inputs"][0], device, watch, obs)
+        _RUN["new"] = new
     except _Stop:
         pass
-    torch.save(saved, exchange / "outputs.pt")
+    del given
+    if device == "cuda":
+        torch.cuda.synchronize()
     return obs
 
 
-def candidate_job(job: dict) -> dict:
-    from mtmc.tools.offline import block_network
-    block_network()
-    return run_candidate(job["path"], Path(job["dir"]), job.get("device", "cpu"), bool(job.get("time")))
+def trial_job(job: dict) -> dict:
+    obs, watch, device = _RUN["obs"], _RUN["watch"], _RUN["device"]
+    _RUN["shared"] = None    # the last trial's outputs: the judge has answered
+    i = job["index"]
+    given = receive(job["payload"])
+    _RUN["buffers"] = to_device(given, device) if _RUN["buffers"] is None else _refill(_RUN["buffers"], given)
+    del given
+    if device == "cuda":
+        probes.poison_cuda_cache(int(job.get("poison_bytes") or 0))
+    try:
+        with _stage(obs, f"forward (trial {i + 1})"):
+            seen, outs = _trial(_RUN["new"], _RUN["buffers"], device, watch)
+    except _Stop:
+        return {"obs": obs, "payload": None}
+    watch.record(f"after trial {i + 1}")
+    obs["trials"].append(seen)
+    _RUN["shared"] = {"outputs": outs, "inputs_after": _RUN["buffers"]}
+    return {"obs": obs, "payload": share(_RUN["shared"], job["dir"], f"outputs{i}")}
+
+
+def time_job(job: dict) -> dict:
+    obs = _RUN["obs"]
+    _RUN["shared"] = None
+    try:
+        with _stage(obs, "timing"):
+            timed = _time_and_profile(_RUN["new"], _RUN["buffers"], _RUN["watch"], obs)
+    except _Stop:
+        return {"obs": obs, "payload": None}
+    _RUN["shared"] = {"outputs": timed}
+    return {"obs": obs, "payload": share(_RUN["shared"], job["dir"], "timed")}

@@ -1,11 +1,10 @@
-"""The named checks of a module verification, judged in the parent from the trusted reference run
-(guard.verifier.ReferenceRun) and what the candidate's child observed and saved.
+"""The named checks of a module verification, judged in the parent from what the candidate's
+session observed (obs), what the reference session measured per variant (metas) and its
+judgement of the candidate's outputs per trial (judged: guard.reference.judge_job's results).
 
 Each check is {"name", "passed": True | False | None (does not apply here), "detail"}.
 """
 from __future__ import annotations
-
-import math
 
 from mtmc.tools.guard import numeric
 
@@ -78,40 +77,20 @@ def no_alias(obs: dict) -> dict:
     return check("no_alias", True, "no output shares memory with an input")
 
 
-def output_format(obs: dict, outputs: list, eager: list) -> dict:
+def output_format(obs: dict, judged: list) -> dict:
     """Plain dense tensors (seen in the child), as many as Model's, of its shapes and dtypes."""
     problems = [f"trial {i + 1}: {p}" for i, tr in enumerate(obs.get("trials", [])) for p in tr["format"]]
-    for i, (outs, refs) in enumerate(zip(outputs, eager)):
-        if len(outs) != len(refs):
-            problems.append(f"trial {i + 1}: {len(outs)} outputs, Model gives {len(refs)}")
-            continue
-        for j, (o, r) in enumerate(zip(outs, refs)):
-            if o is None:
-                continue
-            if o.shape != r.shape:
-                problems.append(f"trial {i + 1}: output {j} has shape {tuple(o.shape)}, Model's {tuple(r.shape)}")
-            if o.dtype != r.dtype:
-                problems.append(f"trial {i + 1}: output {j} is {o.dtype}, Model's {r.dtype}")
+    for i, jd in enumerate(judged):
+        if jd["count"] != len(jd["outputs"]):
+            problems.append(f"trial {i + 1}: {jd['count']} outputs, Model gives {len(jd['outputs'])}")
+        problems += [f"trial {i + 1}: {p}" for out in jd["outputs"] for p in out["format"]]
     if problems:
         return check("output_format", False, "; ".join(dict.fromkeys(problems)))
     return check("output_format", True, "plain tensors of Model's shapes, dtypes and device")
 
 
-def _same_bits(a, b) -> bool:
-    import torch
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        return a == b
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return bool(torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
-
-
-def inputs_unchanged(given: list, after: list) -> dict:
-    from torch.utils._pytree import tree_flatten
-    changed = []
-    for i, (g, a) in enumerate(zip(given, after)):
-        g_flat, a_flat = tree_flatten(g)[0], tree_flatten(a)[0]
-        changed += [f"trial {i + 1}: input {j}" for j, (x, y) in enumerate(zip(g_flat, a_flat)) if not _same_bits(x, y)]
+def inputs_unchanged(judged: list) -> dict:
+    changed = [f"trial {i + 1}: input {j}" for i, jd in enumerate(judged) for j in jd.get("inputs_changed", [])]
     if changed:
         return check("inputs_unchanged", False, "modified by the call: " + ", ".join(changed[:6]))
     return check("inputs_unchanged", True, "every input is bit-for-bit what it was given")
@@ -149,54 +128,65 @@ def own_kernels(obs: dict, ref_ops: dict) -> dict:
     return check("own_kernels", True, detail)
 
 
-def correctness(outputs: list, ref) -> tuple[dict, list, dict]:
+def correctness(judged: list, metas: list) -> tuple[dict, list, dict]:
     """(check, per-trial results, worst errors) of every output of every trial."""
-    trials, worst = [], {"max_abs_err": 0.0, "rel_err": 0.0, "tol_ratio": 0.0}
-    failed = []
-    for i, outs in enumerate(outputs):
-        results = []
-        for j, (o, r, e) in enumerate(zip(outs, ref.truth(i), ref.eager[i])):
-            res = {"ok": False, "reason": "not a plain tensor", "max_abs_err": math.inf, "rel_err": math.inf,
-                   "tol_ratio": math.inf} if o is None else numeric.compare(o, r, e)
-            results.append(res)
+    trials, worst, failed = [], {"max_abs_err": 0.0, "rel_err": 0.0, "tol_ratio": 0.0}, []
+    for i, (jd, meta) in enumerate(zip(judged, metas)):
+        results = [out["compare"] for out in jd["outputs"]]
+        for j, res in enumerate(results):
             for k in worst:
                 worst[k] = max(worst[k], res[k])
             if not res["ok"]:
-                failed.append(f"trial {i + 1} ({ref.variants[i]}) output {j}: {res['reason']}")
-        if len(outs) != len(ref.eager[i]):
-            failed.append(f"trial {i + 1}: {len(outs)} outputs, Model gives {len(ref.eager[i])}")
-        trials.append({"variant": ref.variants[i], "outputs": results})
-    if len(outputs) < len(ref.variants):
-        failed.append(f"outputs of {len(outputs)} of {len(ref.variants)} trials")
-    against = "float64 Model" if ref.float64 else "eager Model (it cannot run in float64)"
+                failed.append(f"trial {i + 1} ({meta['variant']}) output {j}: {res['reason']}")
+        if jd["count"] != len(jd["outputs"]):
+            failed.append(f"trial {i + 1}: {jd['count']} outputs, Model gives {len(jd['outputs'])}")
+        trials.append({"variant": meta["variant"], "outputs": results})
+    if len(judged) < len(metas):
+        failed.append(f"outputs of {len(judged)} of {len(metas)} trials")
+    against = "float64 Model" if all(m["float64"] for m in metas) else "eager Model (no float64 truth)"
     if failed:
         return check("correctness", False, "; ".join(failed[:4])), trials, worst
-    return (check("correctness", True, f"matches {against} on {len(outputs)} fresh inputs "
-                  f"({', '.join(ref.variants)})"), trials, worst)
+    return (check("correctness", True, f"matches {against} on {len(judged)} fresh inputs "
+                  f"({', '.join(m['variant'] for m in metas)})"), trials, worst)
 
 
-def tolerance_discriminates(ref) -> dict:
+def result_caching(judged: list, metas: list) -> dict:
+    """Trials after the first refill the first trial's input buffers in place: an output that
+    does not follow the new values (the previous call's result again) is a cached result."""
+    if len(judged) < 2:
+        return check("result_caching", None, "fewer than two calls to compare")
+    for i in range(1, len(judged)):
+        now = [o["fingerprint"] for o in judged[i]["outputs"]]
+        before = [o["fingerprint"] for o in judged[i - 1]["outputs"]]
+        inputs_differ = metas[i]["inputs_fingerprint"] != metas[i - 1]["inputs_fingerprint"]
+        if inputs_differ and any(f is not None for f in now) and now == before \
+                and not all(o["compare"]["ok"] for o in judged[i]["outputs"]):
+            return check("result_caching", False, f"trial {i + 1} refilled trial {i}'s input buffers with new "
+                         "values and got trial {i}'s result back: the output was cached".replace("{i}", str(i)))
+    return check("result_caching", True, f"calls {', '.join(str(i + 1) for i in range(1, len(judged)))} reused the "
+                 "first call's input buffers, refilled in place: the outputs followed the new values")
+
+
+def tolerance_discriminates(metas: list) -> dict:
     """The bound must reject zeros, a constant and a copy of an input on these inputs; if one of
     them would pass every trial, the check could accept it and the verdict cannot stand."""
     loose = []
-    for j in range(len(ref.eager[0])):
-        per_trial = [numeric.fakes(ref.truth(i)[j], ref.eager[i][j], ref.flat_inputs(i)) for i in range(len(ref.variants))]
-        for name in per_trial[0]:
-            if all(name in f and numeric.compare(f[name], ref.truth(i)[j], ref.eager[i][j])["ok"]
-                   for i, f in enumerate(per_trial)):
+    for j, names in enumerate(metas[0]["loose"] if metas else []):
+        for name in names:
+            if all(name in m["loose"][j] for m in metas):
                 loose.append(f"output {j} cannot be told from {name}")
     if loose:
         return check("tolerance_discriminates", False, "the tolerance is too loose for this module: " + "; ".join(loose))
     return check("tolerance_discriminates", True, "zeros, a constant and a copy of the input each fail the tolerance")
 
 
-def precision(outputs: list, ref) -> dict:
-    if not ref.float64:
+def precision(judged: list, float64: bool) -> dict:
+    if not float64:
         return check("precision", None, "no float64 ground truth to measure precision against")
     seen = False
-    for i, outs in enumerate(outputs):
-        for j, (o, r, e) in enumerate(zip(outs, ref.truth(i), ref.eager[i])):
-            loss = None if o is None else numeric.precision_loss(o, r, e)
+    for i, jd in enumerate(judged):
+        for j, out in enumerate(jd["outputs"]):
+            loss = out["precision"]
             if loss is None:
                 continue
             seen = True
@@ -220,12 +210,10 @@ def roofline(ours_ms: float | None, nbytes: int, bandwidth_gbs: float, gpu_name:
     return check("roofline", True, f"{ours_ms * 1e3:.2f} us, within the memory roofline ({floor * 1e3:.2f} us for {nbytes} bytes)")
 
 
-def timed_output(timed: list | None, ref) -> dict:
+def timed_output(timed: dict | None) -> dict:
     if timed is None:
         return check("timed_output", None, "not timed (no GPU)")
-    results = [numeric.compare(o, r, e) if o is not None else {"ok": False, "reason": "not a plain tensor"}
-               for o, r, e in zip(timed, ref.truth(0), ref.eager[0])]
-    bad = [f"output {j}: {r['reason']}" for j, r in enumerate(results) if not r["ok"]]
-    if bad or len(timed) != len(ref.eager[0]):
+    bad = [f"output {j}: {o['compare']['reason']}" for j, o in enumerate(timed["outputs"]) if not o["compare"]["ok"]]
+    if bad or timed["count"] != len(timed["outputs"]):
         return check("timed_output", False, "the output of the timed calls is wrong: " + "; ".join(bad or ["output count"]))
     return check("timed_output", True, "the timed calls compute the right output too")

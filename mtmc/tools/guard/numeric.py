@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 
-from mtmc.tools.correctness import RTOL, judge
+from mtmc.tools.correctness import ATOL_FLOOR, RTOL
 
 EAGER_ERROR_FACTOR = 4.0   # allowed multiple of eager PyTorch's own max error
 HALF_BITS = 11             # significand bits of fp16 (10 stored + the implicit one)
 PRECISION_FRACTION = 0.25  # an error this fraction of fp16 rounding's is "half precision"...
 PRECISION_CEILING = 64.0   # ...up to this multiple (bf16 rounds 8x coarser); beyond, it is just wrong
+
+
+CHUNK = 1 << 24  # elements per float64 pass: outputs of many GB are judged in place, 128 MB at a time
 
 
 def dtype_name(t) -> str:
@@ -28,45 +31,96 @@ def tolerance_dtype(t) -> str:
     return name if name in RTOL else "float32"
 
 
-def judged_mask(ref, eager):
+def _slices(numel: int):
+    for start in range(0, numel, CHUNK):
+        yield slice(start, min(numel, start + CHUNK))
+
+
+def _flat(t):
+    return t.detach().reshape(-1)
+
+
+def _piece(x, sl, like):
+    """Chunk `sl` of a flattened output as float64; `x` may be a number (a constant output)."""
     import torch
-    return torch.isfinite(ref) & torch.isfinite(eager.to(torch.float64))
+    if isinstance(x, (int, float)):
+        return torch.full_like(like, float(x))
+    return x[sl].to(torch.float64)
+
+
+def _judged(r, e):
+    import torch
+    return torch.isfinite(r) & torch.isfinite(e)
+
+
+def _failure(reason: str) -> dict:
+    return {"ok": False, "reason": reason, "max_abs_err": math.inf, "rel_err": math.inf, "tol_ratio": math.inf}
 
 
 def compare(out, ref, eager) -> dict:
     """One output against its ground truth: ok, reason, max_abs_err, rel_err (max abs error over
-    the largest reference magnitude), tol_ratio (worst error in units of the tolerance)."""
+    the largest reference magnitude), tol_ratio (worst error in units of the tolerance).  `out`
+    may be a number (a constant output).  Works on any device, in chunks (see CHUNK)."""
     import torch
-    if out.shape != eager.shape:
-        return {"ok": False, "reason": f"shape {tuple(out.shape)} where Model gives {tuple(eager.shape)}",
-                "max_abs_err": math.inf, "rel_err": math.inf, "tol_ratio": math.inf}
+    if isinstance(out, torch.Tensor) and out.shape != eager.shape:
+        return _failure(f"shape {tuple(out.shape)} where Model gives {tuple(eager.shape)}")
     if not eager.is_floating_point():
-        same = bool(torch.equal(out.cpu(), eager.cpu()))
+        same = isinstance(out, torch.Tensor) and out.dtype == eager.dtype and bool(torch.equal(out, eager))
         return {"ok": same, "reason": "equal" if same else "integer outputs differ",
                 "max_abs_err": 0.0 if same else math.inf, "rel_err": 0.0 if same else math.inf,
                 "tol_ratio": 0.0 if same else math.inf}
-    o, r, e = (t.detach().to("cpu", torch.float64) for t in (out, ref, eager))
-    mask = judged_mask(r, e)
-    if not mask.any():
+    dt = tolerance_dtype(eager)
+    rtol = RTOL[dt]
+    o_flat = out if not isinstance(out, torch.Tensor) else _flat(out)
+    r_flat, e_flat = _flat(ref), _flat(eager)
+    # pass 1: eager PyTorch's own error and the reference's size (the tolerance depends on both)
+    n, eager_err, sum_sq, sum_abs, peak = 0, 0.0, 0.0, 0.0, 0.0
+    for sl in _slices(r_flat.numel()):
+        r, e = r_flat[sl].to(torch.float64), e_flat[sl].to(torch.float64)
+        m = _judged(r, e)
+        r, e = r[m], e[m]
+        if r.numel():
+            n += r.numel()
+            eager_err = max(eager_err, float((e - r).abs().max()))
+            sum_sq, sum_abs = sum_sq + float(r.pow(2).sum()), sum_abs + float(r.abs().sum())
+            peak = max(peak, float(r.abs().max()))
+    if n == 0:
         return {"ok": True, "reason": "no element can be judged (PyTorch gives inf/NaN everywhere)",
                 "max_abs_err": 0.0, "rel_err": 0.0, "tol_ratio": 0.0}
-    o, r, e = o[mask], r[mask], e[mask]
-    dt = tolerance_dtype(eager)
-    slack = EAGER_ERROR_FACTOR * float((e - r).abs().max())
-    ok, reason, max_abs, tol_ratio = judge(dt, o, r, r.abs() + slack / RTOL[dt])
-    if not torch.isfinite(o).all():
-        ok, reason, max_abs, tol_ratio = False, f"{int((~torch.isfinite(o)).sum())} output elements are " \
-            "NaN or inf where PyTorch's are finite (unwritten or invalid)", math.inf, math.inf
-    peak = float(r.abs().max())
-    skipped = int((~mask).sum())
+    # the error scale is |ref| widened by a few times eager's own error (correctness.judge's bound)
+    widen = EAGER_ERROR_FACTOR * eager_err / rtol
+    rms = math.sqrt(max(0.0, (sum_sq + 2 * widen * sum_abs + n * widen * widen) / n))
+    atol = rtol * 0.05 * rms + ATOL_FLOOR[dt]
+    # pass 2: the candidate against that bound
+    max_abs, tol_ratio, bad, nonfinite = 0.0, 0.0, 0, 0
+    for sl in _slices(r_flat.numel()):
+        r, e = r_flat[sl].to(torch.float64), e_flat[sl].to(torch.float64)
+        m = _judged(r, e)
+        if not bool(m.any()):
+            continue
+        r, o = r[m], _piece(o_flat, sl, r_flat[sl].to(torch.float64))[m]
+        finite = torch.isfinite(o)
+        nonfinite += int((~finite).sum())
+        diff = (o - r).abs()
+        bound = atol + rtol * (r.abs() + widen)
+        if bool(finite.any()):
+            max_abs = max(max_abs, float(diff[finite].max()))
+            tol_ratio = max(tol_ratio, float((diff[finite] / bound[finite]).max()))
+        bad += int((diff > bound).sum())
+    total, skipped = r_flat.numel(), r_flat.numel() - n
+    if nonfinite:
+        ok, reason = False, (f"{nonfinite} output elements are NaN or inf where PyTorch's are finite "
+                             "(unwritten or invalid)")
+        max_abs, tol_ratio = math.inf, math.inf
+    elif bad:
+        ok, reason = False, f"{bad} of {n} elements outside tolerance (max abs err {max_abs:.3g})"
+    else:
+        ok, reason = True, "matches the float64 reference"
     if skipped:
         reason += f"; {skipped} elements not judged (PyTorch gives inf/NaN there)"
-    return {"ok": ok, "reason": reason, "max_abs_err": max_abs,
-            "rel_err": max_abs / peak if peak > 0 else (0.0 if max_abs == 0 else math.inf), "tol_ratio": tol_ratio}
-
-
-def _rms(t) -> float:
-    return float(t.pow(2).mean().sqrt()) if t.numel() else 0.0
+    rel = max_abs / peak if peak > 0 else (0.0 if max_abs == 0 else math.inf)
+    return {"ok": ok, "reason": reason, "max_abs_err": max_abs, "rel_err": rel, "tol_ratio": tol_ratio,
+            "judged": n, "total": total}
 
 
 def half_rounding(ref):
@@ -85,10 +139,17 @@ def precision_loss(out, ref, eager) -> dict | None:
     import torch
     if dtype_name(eager) not in ("float32", "float64") or out.shape != eager.shape:
         return None
-    o, r, e = (t.detach().to("cpu", torch.float64) for t in (out, ref, eager))
-    mask = judged_mask(r, e) & torch.isfinite(o)
-    o, r, e = o[mask], r[mask], e[mask]
-    ours, half, eager_err = _rms(o - r), _rms(half_rounding(r) - r), _rms(e - r)
+    o_flat, r_flat, e_flat = _flat(out), _flat(ref), _flat(eager)
+    n, ours, half, eager_sq = 0, 0.0, 0.0, 0.0
+    for sl in _slices(r_flat.numel()):
+        o, r, e = (t[sl].to(torch.float64) for t in (o_flat, r_flat, e_flat))
+        m = _judged(r, e) & torch.isfinite(o)
+        o, r, e = o[m], r[m], e[m]
+        n += r.numel()
+        ours += float((o - r).pow(2).sum())
+        half += float((half_rounding(r) - r).pow(2).sum())
+        eager_sq += float((e - r).pow(2).sum())
+    ours, half, eager_err = (math.sqrt(x / n) if n else 0.0 for x in (ours, half, eager_sq))
     reduced = (half > 0 and PRECISION_FRACTION * half <= ours <= PRECISION_CEILING * half
                and ours > EAGER_ERROR_FACTOR * eager_err)
     return {"reduced": reduced, "rms_err": ours, "half_rms_err": half, "eager_rms_err": eager_err}
@@ -96,15 +157,31 @@ def precision_loss(out, ref, eager) -> dict | None:
 
 def fakes(ref, eager, inputs: list) -> dict:
     """Outputs (in the task's dtype) a check must reject: zeros, a constant (the reference's
-    mean) and a copy of each input with the output's number of elements."""
+    mean) and a copy of each input with the output's number of elements.  Constants are numbers
+    (compare broadcasts them), so no output-sized tensor is made."""
     import torch
-    finite = ref[torch.isfinite(ref)].to(torch.float64)
-    mean = float(finite.mean()) if finite.numel() else 0.0
-    out = {"zeros": torch.zeros_like(eager), "a constant": torch.full_like(eager, mean)}
+    total, count = 0.0, 0
+    for sl in _slices(ref.numel()):
+        r = _flat(ref)[sl].to(torch.float64)
+        r = r[torch.isfinite(r)]
+        total, count = total + float(r.sum()), count + r.numel()
+    mean = float(torch.tensor(total / count if count else 0.0).to(eager.dtype))  # as the dtype holds it
+    out = {"zeros": 0.0, "a constant": mean}
     for i, x in enumerate(inputs):
         if isinstance(x, torch.Tensor) and x.numel() == eager.numel() and x.is_floating_point():
             out[f"a copy of input {i}"] = x.detach().reshape(eager.shape).to(eager.dtype)
     return out
+
+
+def fingerprint(t) -> list[float]:
+    """A cheap summary of a tensor's values (float64 sum and sum of squares): two calls that
+    return the same result give the same fingerprint."""
+    import torch
+    flat, s, sq = _flat(t), 0.0, 0.0
+    for sl in _slices(flat.numel()):
+        x = flat[sl].to(torch.float64)
+        s, sq = s + float(torch.nansum(x)), sq + float(torch.nansum(x * x))
+    return [s, sq]
 
 
 def roofline_floor_ms(nbytes: float, bandwidth_gbs: float) -> float:

@@ -42,7 +42,8 @@ TIMING_FUNCTIONS = (
 )
 # What the candidate child itself uses to observe and to hand results back.
 VERIFIER_HOOKS = (
-    "threading.enumerate", "os.listdir", "torch.save", "torch.equal", "torch.Tensor.untyped_storage",
+    "threading.enumerate", "os.listdir", "torch.save", "torch.load", "torch.equal",
+    "mtmc.tools.guard.candidate.share", "mtmc.tools.guard.candidate.receive", "torch.Tensor.untyped_storage",
     "torch.Tensor.data_ptr", "torch.Tensor.clone", "torch.Tensor.cpu", "torch.Tensor.to",
     "torch.Tensor.detach", "torch.cuda.current_stream", "torch.cuda.Stream.__new__",
     "triton.runtime.jit.JITFunction.run", "triton.runtime.interpreter.InterpretedFunction.run",

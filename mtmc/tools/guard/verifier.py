@@ -1,16 +1,21 @@
-"""Verify a ModelNew against a Model: two sandboxed children and a verdict judged here.
+"""Verify a ModelNew against a Model: two sandboxed sessions, and a verdict judged here.
 
-  ref = run_reference(REFERENCE.py)       # child 1: Model, fresh inputs, float64 truth -> files
-                                          # loaded here, then deleted before child 2 starts
-  verdict = check_candidate(ref, CANDIDATE.py)   # child 2: ModelNew on copies of the inputs only
-  verify(REFERENCE.py, CANDIDATE.py)      # both: what `mtmc verify` calls (and the pipeline can)
+  ref = run_reference(REFERENCE.py)       # session 1: Model built on the device, kept there; it
+                                          # draws fresh inputs per variant and judges outputs
+  verdict = check_candidate(ref, CANDIDATE.py)   # session 2: ModelNew on its own copies of the inputs
+  ref.close()
+  verify(REFERENCE.py, CANDIDATE.py)      # both: what `mtmc verify` calls
+
+Per variant: the reference draws the inputs and computes Model's outputs and float64 truth (they
+stay in its session); the candidate gets the inputs, runs, and hands its outputs back; the
+reference compares them on the device and answers with numbers.  Tensors cross between the two
+sessions as CUDA IPC handles on a GPU, and as small files in a private directory on the CPU
+(guard.exchange): no multi-GB files, and the reference's outputs never reach the candidate.
 
 The verdict is plain data: outcome ("accepted" | "rejected" | "crashed" (the child died, ran out
 of memory or broke its CUDA context) | "timed out" | "invalid reference"), accepted, checks
 [{name, passed, detail}], max_abs_err, rel_err, tol_ratio, trials (per input variant, per
 output), timing (GPU only), notes and the candidate's stderr tail.
-Files only cross the process boundary through torch.load(weights_only=True), so neither child
-can run code in this process.
 """
 from __future__ import annotations
 
@@ -21,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtmc.tools.guard import checks as C
-from mtmc.tools.sandbox import run_job
+from mtmc.tools.sandbox import Session
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_MB = 4096       # address-space cap of CPU children (no cap with a GPU: CUDA reserves more)
-OUTPUT_SLACK_BYTES = 64 << 20  # a candidate's outputs file may exceed the expected size by this much
+EXCHANGE_SLACK_BYTES = 64 << 20  # a candidate's shared-outputs file may exceed its expected size by this much
 # Errors after which the process (or its CUDA context) is unusable: reported as "crashed".
 _FATAL_TYPES = ("MemoryError", "AcceleratorError")
 _FATAL_MESSAGE = re.compile(r"illegal memory access|CUDA error|unspecified launch failure|out of memory|"
@@ -38,33 +43,32 @@ class ReferenceFailed(RuntimeError):
 
 @dataclass
 class ReferenceRun:
-    """A trusted reference run, held only in this process."""
+    """A trusted reference session, held by this process: close it when done (or use `with`)."""
     path: str
     device: str
+    session: Session
+    exchange: Path        # the private directory tensors cross through (guard.exchange)
     variants: list
     notes: list
-    ops: dict
-    float64: bool
-    eager_ms: float | None
-    init: list
-    state: dict
-    inputs: list       # per trial: the inputs (CPU)
-    eager: list        # per trial: Model's outputs in its own dtype
-    ref64: list        # per trial: float64 outputs (or None)
-    mode: str = "train"  # "eval" when Model is random in training mode
+    mode: str = "train"   # "eval" when Model is random in training mode
+    timeout_s: float = DEFAULT_TIMEOUT_S
     extra: dict = field(default_factory=dict)
 
-    def truth(self, i: int) -> list:
-        return self.ref64[i] if self.float64 else self.eager[i]
+    def call(self, kind: str, timeout_s: float | None = None, **job) -> dict:
+        r = self.session.call({"kind": kind, **job}, timeout_s or self.timeout_s)
+        if r["status"] != "ok":
+            raise ReferenceFailed(f"the reference failed: {_job_failure(r)}")
+        return r["result"]
 
-    def flat_inputs(self, i: int) -> list:
-        from torch.utils._pytree import tree_flatten
-        return tree_flatten(self.inputs[i])[0]
+    def close(self) -> None:
+        self.session.close()
+        shutil.rmtree(self.exchange, ignore_errors=True)
 
-    def nbytes(self, i: int = 0) -> int:
-        import torch
-        tensors = [t for t in self.flat_inputs(i) + list(self.eager[i]) if isinstance(t, torch.Tensor)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def default_device() -> str:
@@ -81,54 +85,34 @@ def _job_failure(result: dict) -> str:
 
 
 def run_reference(path: str | Path, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  memory_mb: int = DEFAULT_MEMORY_MB, max_elems: int | None = None) -> ReferenceRun:
-    """Model on fresh inputs in a sandboxed child; max_elems cuts the inputs along dim 0 (for
-    Triton's interpreter) where Model accepts the smaller batch."""
-    import torch
+                  memory_mb: int | None = DEFAULT_MEMORY_MB, max_elems: int | None = None) -> ReferenceRun:
+    """Model in a sandboxed session, ready to check candidates against; max_elems cuts the
+    inputs along dim 0 (for Triton's interpreter) where Model accepts the smaller batch."""
     device = device or default_device()
     path = str(Path(path).resolve())
-    tmp = Path(tempfile.mkdtemp(prefix="mtmc-guard-ref-"))
+    session = Session(interpret=device == "cpu", memory_mb=None if device == "cuda" else memory_mb,
+                      name="guard-reference")
+    exchange = Path(tempfile.mkdtemp(prefix="mtmc-guard-"))
+    ref = ReferenceRun(path, device, session, exchange, [], [], timeout_s=timeout_s)
     try:
-        r = run_job({"kind": "reference_run", "path": path, "dir": str(tmp), "device": device,
-                     "time": device == "cuda", "max_elems": max_elems}, timeout_s, memory_mb, interpret=device == "cpu")
-        if r["status"] != "ok":
-            raise ReferenceFailed(f"the reference failed: {_job_failure(r)}")
-        given = torch.load(tmp / "inputs.pt", weights_only=True)
-        refs = torch.load(tmp / "reference.pt", weights_only=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # from here on the reference outputs live only here
-    res = r["result"]
-    return ReferenceRun(path, device, res["variants"], res["notes"], res["ops"], res["float64"], res["eager_ms"],
-                        given["init"], given["state"], given["inputs"], refs["eager"], refs["ref64"], res["mode"])
+        opened = ref.call("reference_open", path=path, device=device, time=device == "cuda", max_elems=max_elems)
+    except ReferenceFailed:
+        ref.close()
+        raise
+    ref.variants, ref.notes, ref.mode = opened["variants"], opened["notes"], opened["mode"]
+    return ref
 
 
-def _load_saved(path: Path, limit: int) -> tuple[dict | None, str]:
-    """The candidate's outputs file, read safely: size-capped, tensors and plain data only."""
-    import torch
-    if not path.exists():
-        return None, "the candidate's child wrote no outputs"
-    if path.stat().st_size > limit:
-        return None, f"the outputs file is {path.stat().st_size} bytes, far more than the outputs need"
-    try:
-        saved = torch.load(path, weights_only=True)
-    except Exception as e:
-        return None, f"the outputs file is unreadable ({type(e).__name__})"
-    ok = (isinstance(saved, dict) and all(isinstance(saved.get(k), list) for k in ("outputs", "inputs_after"))
-          and all(isinstance(o, list) and all(t is None or isinstance(t, torch.Tensor) for t in o)
-                  for o in saved["outputs"] + ([saved["timed"]] if saved.get("timed") is not None else [])))
-    return (saved, "") if ok else (None, "the outputs file does not hold the expected lists of tensors")
-
-
-def _timing(ref: ReferenceRun, obs: dict) -> dict | None:
+def _timing(metas: list, obs: dict) -> dict | None:
     ours = obs.get("ours_ms")
     if ours is None:
         return None
-    eager = ref.eager_ms
+    eager = metas[0].get("eager_ms") if metas else None
     return {"measured": True, "label": "median of triton.testing.do_bench, L2 flushed", "gpu": obs.get("gpu"),
             "ours_ms": ours, "eager_ms": eager, "speedup_vs_eager": eager / ours if eager and ours > 0 else None}
 
 
-def _roofline(ref: ReferenceRun, obs: dict) -> dict:
+def _roofline(metas: list, obs: dict) -> dict:
     from mtmc.tools.hardware import get_profile
     if obs.get("ours_ms") is None:
         return C.roofline(None, 0, 0.0, "")
@@ -136,61 +120,115 @@ def _roofline(ref: ReferenceRun, obs: dict) -> dict:
         prof = get_profile(obs.get("gpu") or "")
     except ValueError:
         return C.check("roofline", None, f"no bandwidth known for {obs.get('gpu')!r}")
-    return C.roofline(obs["ours_ms"], ref.nbytes(0), prof.bandwidth_gbs, prof.name)
+    return C.roofline(obs["ours_ms"], metas[0]["nbytes"], prof.bandwidth_gbs, prof.name)
 
 
-def judge_candidate(ref: ReferenceRun, obs: dict, saved: dict | None, why_unsaved: str = "") -> dict:
-    """The checks and the verdict from a finished candidate child's observations and outputs."""
-    saved = saved or {"outputs": [], "inputs_after": [], "timed": None}
-    checks = [C.loads(obs), C.runs(obs, len(ref.variants))]
-    if why_unsaved and obs.get("trials"):
-        checks[1] = C.check("runs", False, why_unsaved)
+def judge_candidate(obs: dict, metas: list, judged: list, timed: dict | None, n_variants: int,
+                    why_unjudged: str = "") -> dict:
+    """The checks and the verdict from the candidate's observations and the reference's
+    judgement of its outputs."""
+    checks = [C.loads(obs), C.runs(obs, n_variants)]
+    if why_unjudged and obs.get("trials"):
+        checks[1] = C.check("runs", False, why_unjudged)
     checks += [C.timing_functions(obs), C.verifier_hooks(obs), C.threads_and_streams(obs)]
     verdict = {"trials": [], "max_abs_err": None, "rel_err": None, "tol_ratio": None}
-    if obs.get("trials"):
-        outputs = saved["outputs"][:len(obs["trials"])]
-        correct, verdict["trials"], worst = C.correctness(outputs, ref)
+    if judged:
+        ref_ops = metas[0]["ops"]
+        correct, verdict["trials"], worst = C.correctness(judged, metas)
         verdict.update(worst)
-        checks += [C.inputs_unchanged(ref.inputs, saved["inputs_after"]), C.no_alias(obs),
-                   C.output_format(obs, outputs, ref.eager), C.own_kernels(obs, ref.ops), correct,
-                   C.precision(outputs, ref), _roofline(ref, obs), C.timed_output(saved.get("timed"), ref)]
-    checks.append(C.tolerance_discriminates(ref))
+        checks += [C.inputs_unchanged(judged), C.no_alias(obs), C.output_format(obs, judged),
+                   C.own_kernels(obs, ref_ops), correct, C.result_caching(judged, metas),
+                   C.precision(judged, all(m["float64"] for m in metas)), _roofline(metas, obs), C.timed_output(timed)]
+    if metas:
+        checks.append(C.tolerance_discriminates(metas))
     accepted = all(c["passed"] is not False for c in checks) and checks[1]["passed"] is True
     err = obs.get("error") or {}
     fatal = err.get("type") in _FATAL_TYPES or bool(_FATAL_MESSAGE.search(err.get("message") or ""))
     outcome = "accepted" if accepted else "crashed" if fatal else "rejected"
-    verdict.update(outcome=outcome, accepted=accepted, checks=checks, timing=_timing(ref, obs))
+    verdict.update(outcome=outcome, accepted=accepted, checks=checks, timing=_timing(metas, obs))
     return verdict
 
 
+class _CandidateStopped(Exception):
+    """The candidate's session timed out, crashed or could not answer: the verdict says which."""
+
+    def __init__(self, result: dict):
+        super().__init__(result.get("status"))
+        self.result = result
+
+
+def _ask(session: Session, job: dict, timeout_s: float) -> dict:
+    r = session.call(job, timeout_s)
+    if r["status"] != "ok":
+        raise _CandidateStopped(r)
+    return r["result"]
+
+
+def _run_trials(ref: ReferenceRun, cand: Session, path: str, directory: str, timeout_s: float) -> tuple:
+    """Drive both sessions through the variants: (obs, metas, judged, timed, notes, why_unjudged)."""
+    state = ref.call("reference_state", dir=directory)
+    obs = _ask(cand, {"kind": "candidate_open", "path": path, "device": ref.device, "payload": state["payload"],
+                      "dir": directory}, timeout_s)
+    metas, judged, timed, notes = [], [], None, []
+    for i in range(len(ref.variants)):
+        if not obs.get("loaded") or obs.get("error"):
+            break
+        meta = ref.call("reference_variant", index=i, dir=directory)
+        metas.append(meta)
+        notes += meta["notes"]
+        res = _ask(cand, {"kind": "candidate_trial", "index": i, "payload": meta.pop("payload"), "dir": directory,
+                          "poison_bytes": meta["out_bytes"]}, timeout_s)
+        obs = res["obs"]
+        if res["payload"] is None:
+            break
+        limit = 8 * meta["nbytes"] + EXCHANGE_SLACK_BYTES
+        try:
+            judged.append(ref.call("reference_judge", payload=res["payload"], limit_bytes=limit))
+        except ReferenceFailed as e:  # the candidate handed back something that is no set of tensors
+            return obs, metas, judged, timed, notes, f"its outputs could not be judged: {e}"
+        if i == 0 and ref.device == "cuda":
+            res = _ask(cand, {"kind": "candidate_time", "dir": directory}, timeout_s)
+            obs = res["obs"]
+            if res["payload"] is not None:
+                timed = ref.call("reference_judge", payload=res["payload"], limit_bytes=limit)
+    return obs, metas, judged, timed, notes, ""
+
+
 def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    memory_mb: int = DEFAULT_MEMORY_MB) -> dict:
-    import torch
+                    memory_mb: int | None = DEFAULT_MEMORY_MB) -> dict:
     path = str(Path(path).resolve())
-    tmp = Path(tempfile.mkdtemp(prefix="mtmc-guard-cand-"))
-    try:
-        torch.save({"init": ref.init, "state": ref.state, "mode": ref.mode, "inputs": ref.inputs}, tmp / "inputs.pt")
-        r = run_job({"kind": "candidate_run", "path": path, "dir": str(tmp), "device": ref.device,
-                     "time": ref.device == "cuda"}, timeout_s, memory_mb, interpret=ref.device == "cpu")
-        limit = 8 * sum(ref.nbytes(i) for i in range(len(ref.variants))) + OUTPUT_SLACK_BYTES
-        saved, why = _load_saved(tmp / "outputs.pt", limit) if r["status"] == "ok" else (None, "")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    directory = Path(tempfile.mkdtemp(prefix="check-", dir=ref.exchange))
+    cand = Session(interpret=ref.device == "cpu", memory_mb=None if ref.device == "cuda" else memory_mb,
+                   name="guard-candidate")
     base = {"reference": ref.path, "candidate": path, "device": ref.device,
             "mode": "GPU" if ref.device == "cuda" else "Triton interpreter on CPU tensors",
-            "variants": ref.variants, "notes": list(ref.notes), "stderr_tail": (r.get("stderr_tail") or "")[-3000:]}
-    if r["status"] in ("timed_out", "crashed"):
-        outcome = "timed out" if r["status"] == "timed_out" else "crashed"
-        return {**base, "outcome": outcome, "accepted": False, "checks": [C.check("runs", False, _job_failure(r))],
+            "variants": ref.variants, "notes": list(ref.notes)}
+    try:
+        obs, metas, judged, timed, notes, why = _run_trials(ref, cand, path, str(directory), timeout_s)
+    except ReferenceFailed as e:
+        return {**base, "outcome": "invalid reference", "accepted": False, "checks": [C.check("reference", False, str(e))],
                 "trials": [], "max_abs_err": None, "rel_err": None, "tol_ratio": None, "timing": None}
-    if r["status"] != "ok":
+    except _CandidateStopped as stop:
+        r = stop.result
+        base["stderr_tail"] = (r.get("stderr_tail") or "")[-3000:]
+        if r["status"] in ("timed_out", "crashed"):
+            outcome = "timed out" if r["status"] == "timed_out" else "crashed"
+            return {**base, "outcome": outcome, "accepted": False,
+                    "checks": [C.check("runs", False, _job_failure(r))], "trials": [], "max_abs_err": None,
+                    "rel_err": None, "tol_ratio": None, "timing": None}
         obs = {"error": {"stage": "verifier", "type": r.get("error_type"), "message": r.get("message", "")}}
-        return {**base, **judge_candidate(ref, obs, None)}
-    return {**base, **judge_candidate(ref, r["result"], saved, why)}
+        return {**base, **judge_candidate(obs, [], [], None, len(ref.variants))}
+    finally:
+        tail = cand.stderr_tail()
+        cand.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    base["notes"] = list(dict.fromkeys(base["notes"] + notes))
+    base["stderr_tail"] = tail
+    return {**base, **judge_candidate(obs, metas, judged, timed, len(ref.variants), why)}
 
 
 def verify(reference: str | Path, candidate: str | Path, device: str | None = None,
-           timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB) -> dict:
+           timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int | None = DEFAULT_MEMORY_MB) -> dict:
     """The full verification of CANDIDATE's ModelNew against REFERENCE's Model, on fresh inputs."""
     try:
         ref = run_reference(reference, device, timeout_s, memory_mb)
@@ -198,4 +236,5 @@ def verify(reference: str | Path, candidate: str | Path, device: str | None = No
         return {"reference": str(reference), "candidate": str(candidate), "outcome": "invalid reference",
                 "accepted": False, "checks": [C.check("reference", False, str(e))], "trials": [],
                 "max_abs_err": None, "rel_err": None, "tol_ratio": None, "timing": None, "notes": []}
-    return check_candidate(ref, candidate, timeout_s, memory_mb)
+    with ref:
+        return check_candidate(ref, candidate, timeout_s, memory_mb)

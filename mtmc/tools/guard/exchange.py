@@ -1,0 +1,82 @@
+"""Tensors between the guard's processes, without multi-GB files.
+
+  share(tree, directory, name) -> payload (JSON)     in the sending process
+  receive(payload, limit_bytes) -> tree              in the receiving process
+
+CUDA tensors cross as CUDA IPC handles (torch.multiprocessing's reductions): a few hundred bytes
+each, the data stays where it is on the GPU.  The receiver rebuilds them with an unpickler that
+accepts only what a shared CUDA tensor is made of, so a sender cannot make it run code.  The
+sender must keep its tensors alive until the receiver has answered; the guard's call order
+(verifier.py) guarantees that.  Everything else in the tree (CPU tensors, numbers, the tree's
+shape) goes into a small torch.save file in the check's private directory, read back with
+weights_only=True: on a GPU that file holds no tensor data; on the CPU (Triton's interpreter,
+small shapes) it holds the tensors themselves.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import pickle
+from pathlib import Path
+
+_MARK = "\x00ipc:"   # stands in the saved tree for the k-th CUDA tensor
+_ALLOWED = {("torch.multiprocessing.reductions", "rebuild_cuda_tensor"), ("torch", "Tensor"),
+            ("torch.storage", "TypedStorage"), ("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage"),
+            ("torch", "Size"), ("torch", "device")}
+
+
+class ExchangeError(ValueError):
+    """A payload that cannot be read back as plain tensors and values."""
+
+
+class _CudaOnly(pickle.Unpickler):
+    def find_class(self, module, name):
+        import torch
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise ExchangeError(f"refused {module}.{name} in a shared-tensor payload")
+
+
+def share(tree, directory: str | Path, name: str) -> dict:
+    import torch
+    from torch.utils._pytree import tree_map
+    cuda: list = []
+
+    def mark(x):
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            cuda.append(x.detach())
+            return f"{_MARK}{len(cuda) - 1}"
+        return x.detach() if isinstance(x, torch.Tensor) else x
+    skeleton = tree_map(mark, tree)
+    path = Path(directory) / f"{name}.pt"
+    torch.save(skeleton, path)
+    payload = {"file": str(path)}
+    if cuda:
+        from multiprocessing.reduction import ForkingPickler
+
+        import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reductions)
+        payload["ipc"] = base64.b64encode(bytes(ForkingPickler.dumps(cuda))).decode()
+    return payload
+
+
+def receive(payload: dict, limit_bytes: int | None = None):
+    import torch
+    from torch.utils._pytree import tree_map
+    path = Path(payload["file"])
+    if not path.exists():
+        raise ExchangeError("the shared tensors' file is missing")
+    if limit_bytes is not None and path.stat().st_size > limit_bytes:
+        raise ExchangeError(f"the shared tensors' file is {path.stat().st_size} bytes, more than {limit_bytes}")
+    try:
+        skeleton = torch.load(path, weights_only=True)
+    except Exception as e:
+        raise ExchangeError(f"the shared tensors' file is unreadable ({type(e).__name__})") from None
+    cuda = _CudaOnly(io.BytesIO(base64.b64decode(payload["ipc"]))).load() if payload.get("ipc") else []
+    if not isinstance(cuda, list) or not all(type(t) is torch.Tensor for t in cuda):
+        raise ExchangeError("the shared CUDA tensors are not a list of plain tensors")
+
+    def unmark(x):
+        if isinstance(x, str) and x.startswith(_MARK):
+            return cuda[int(x[len(_MARK):])]
+        return x
+    return tree_map(unmark, skeleton)
