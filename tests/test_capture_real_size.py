@@ -10,8 +10,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
 
 from mtmc.agents.module_flow import Rejected, capture_in_child, plan_module
+from mtmc.kernels.capture import recurrent_layer_shapes
 from mtmc.kernels.fusion import partition
 from mtmc.kernels.fx_ops import einsum_b_layout
 from mtmc.tools import machine
@@ -190,6 +194,51 @@ def test_default_arguments_and_buffer_slices_are_traced(tmp_path):
     assert [g.family for g in part.groups] == ["matmul", "softmax"]
     assert [t["op"].split(" (")[0] for t in part.torch_ops] == [".new_zeros()", "GRU rnn"]
     assert_assembled_matches(tmp_path, DEFAULTS_AND_BUFFERS, cap, part)
+
+
+ASSIGNS_STATE = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.hidden = torch.zeros(4, n)
+        self.i2h = nn.Linear(2 * n, n)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        self.hidden = self.act(self.i2h(torch.cat((x, self.hidden), dim=1)))
+        return self.hidden * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return [8]
+'''
+
+
+def test_a_forward_that_assigns_module_state_is_reported_and_its_parts_captured(tmp_path):
+    # tracing it used to leave an fx Proxy in self.hidden: a graph of proxies, silently empty
+    cap, part = captured_source(tmp_path, ASSIGNS_STATE)
+    assert cap["problems"] == [{"path": "", "where": "", "reason": "the forward assigns self.hidden: state it "
+                                "changes as it runs cannot be captured as a graph"}]
+    assert [g["path"] for g in cap["graphs"]] == ["i2h", "act"]
+    assert [g.family for g in part.groups] == ["matmul", "elementwise"]
+
+
+@pytest.mark.parametrize("cls, kwargs", [
+    (nn.GRU, {"bidirectional": True, "num_layers": 2}), (nn.LSTM, {"batch_first": True, "proj_size": 3}),
+    (nn.LSTM, {"bidirectional": True}), (nn.RNN, {})])
+@pytest.mark.parametrize("batched", [True, False])
+def test_recurrent_layers_get_their_output_shapes_without_running(cls, kwargs, batched):
+    rnn = cls(4, 5, **kwargs)
+    x = torch.randn(*((2, 7, 4) if rnn.batch_first else (7, 2, 4)) if batched else (7, 4))
+    shapes = [[t.shape for t in pytree.tree_leaves(out)] for out in (rnn(x), recurrent_layer_shapes(rnn)(x))]
+    assert shapes[0] == shapes[1]
 
 
 def test_a_node_the_classifier_fails_on_stays_pytorch_with_the_reason(tmp_path, monkeypatch):

@@ -277,6 +277,24 @@ def _module_info(mod) -> dict:
     return {"type": f"{cls.__module__}.{cls.__qualname__}", "attrs": attrs, "params": params}
 
 
+def _trace_keeping_state(tracer, mod, defaults: dict):
+    """(graph, attributes the forward assigned).  A forward that sets `self.hidden = ...` would
+    leave fx proxies in the module while tracing: the attributes are put back as they were."""
+    before = {(m, k): v for m in mod.modules() for k, v in vars(m).items() if not k.startswith("_")}
+    names = {m: n for n, m in mod.named_modules()}
+    try:
+        graph = tracer.trace(mod, concrete_args=defaults or None)
+    finally:
+        after = {(m, k): v for m in mod.modules() for k, v in vars(m).items() if not k.startswith("_")}
+        assigned = sorted({"self." + _join(names.get(m, "?"), k) for (m, k), v in after.items()
+                           if before.get((m, k), v) is not v or (m, k) not in before})
+        for (m, k) in after.keys() - before.keys():
+            del m.__dict__[k]
+        for (m, k), v in before.items():
+            m.__dict__[k] = v
+    return graph, assigned
+
+
 def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     """The graph of `mod` (at `prefix` in the model) for its recorded `call`, and the
     submodules kept opaque."""
@@ -290,7 +308,7 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     leaves: dict[str, dict] = {}
     for _ in range(MAX_LEAVES + 1):
         try:
-            graph = _tracer(set(leaves)).trace(mod, concrete_args=defaults or None)
+            graph, assigned = _trace_keeping_state(_tracer(set(leaves)), mod, defaults)
             break
         except Exception as e:
             sub = getattr(e, "mtmc_path", None)
@@ -299,6 +317,9 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
             leaves[sub] = {"path": _join(prefix, sub), "where": where(e, path), "reason": _reason(e)}
     else:
         raise Untraceable("", f"more than {MAX_LEAVES} submodules cannot be traced")
+    if assigned:
+        raise Untraceable("", f"the forward assigns {', '.join(assigned)}: state it changes as it runs "
+                              "cannot be captured as a graph")
     for n in graph.nodes:
         if n.op == "get_attr" and n.target.startswith("_tensor_constant"):
             line = _line_of(n.stack_trace, path)
@@ -397,10 +418,39 @@ def fake_tensors():
     return FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=True)
 
 
+def recurrent_layer_shapes(rnn):
+    """A forward for nn.RNN / nn.LSTM / nn.GRU that makes outputs of the documented shapes only.
+    Why: fake tensors run a recurrent layer as one op per time step and layer (a 6-layer
+    bidirectional GRU over 512 steps took 20 s, twice per capture); shapes are all we need."""
+    import torch.nn as nn
+    full = type(rnn).forward
+
+    def forward(input, hx=None):
+        if not hasattr(input, "dim"):  # a PackedSequence: the layer's own forward
+            return full(rnn, input, hx)
+        batched, d = input.dim() == 3, 2 if rnn.bidirectional else 1
+        steps, batch = (input.shape[1], input.shape[0]) if rnn.batch_first and batched else (
+            input.shape[0], input.shape[1] if batched else None)
+        h_out = getattr(rnn, "proj_size", 0) or rnn.hidden_size
+
+        def make(*shape):
+            return input.new_empty([n for n in shape if n is not None])
+        out = make(batch, steps, d * h_out) if rnn.batch_first and batched else make(steps, batch, d * h_out)
+        h = make(d * rnn.num_layers, batch, h_out)
+        if isinstance(rnn, nn.LSTM):
+            return out, (h, make(d * rnn.num_layers, batch, rnn.hidden_size))
+        return out, h
+    return forward
+
+
 def run_and_trace(module, path: str, learned: dict, fake: bool) -> dict:
     """Build, run once and trace; the result without "file" and "tensors"."""
+    import torch.nn as nn
     import torch.utils._pytree as pytree
     model, inputs = build(module, path, learned)
+    for m in model.modules():
+        if fake and isinstance(m, nn.RNNBase):
+            m.forward = recurrent_layer_shapes(m)
     out, calls = run_recording_calls(model, inputs, path)
     outputs = [_tensor_info(t) for t in pytree.tree_leaves(out)]
     learned["outputs"] = info_bytes(outputs)
