@@ -96,8 +96,8 @@ def _line_of(stack_trace: str | None, path: str) -> int | None:
 def _reason(exc: BaseException) -> str:
     import torch.fx
     if isinstance(exc, torch.fx.proxy.TraceError):
-        return ("Python control flow on a tensor's value (an if, while or bool() on data) "
-                "cannot be captured as a graph")
+        return ("Python control flow on a traced value (an if, while, assert or bool() on a tensor, "
+                "its shape or its device) cannot be captured as a graph")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first[:300]}"
 
