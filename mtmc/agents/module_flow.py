@@ -21,7 +21,9 @@ import ast
 import dataclasses
 import os
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mtmc.agents.context import Context
@@ -168,26 +170,41 @@ def _outcome_from_state(state: dict, gpu: bool) -> dict:
     return out
 
 
+MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
+
+
 def optimize_groups(groups: list[Group], ctx: Context, gpu: bool, on_event=None) -> dict[int, dict]:
-    """Run the MTMC loop on each group's spec (once per distinct spec); outcome per group id."""
-    outcomes: dict[int, dict] = {}
-    by_key: dict[str, int] = {}
+    """Run the MTMC loop on each group's spec (once per distinct spec, independent groups side by
+    side: one compiles while another is timed); outcome per group id."""
     # torch.compile is compared once for the whole module (module_time), not per group
     group_ctx = dataclasses.replace(ctx, out_path=None, compile_baseline=False)
-    for g in groups:
-        spec = KernelSpec.from_dict(g.spec)
-        if spec.key() in by_key:
-            first = by_key[spec.key()]
-            outcomes[g.id] = {**outcomes[first], "same_as": first}
-            continue
-        by_key[spec.key()] = g.id
-        _emit(on_event, "group_start", group=g.id, ops=g.ops, description=spec.describe())
+    lock = threading.Lock()
 
-        def forward(ev, gid=g.id):
-            _emit(on_event, ev.get("event", "event"), group=gid, **{k: v for k, v in ev.items() if k != "event"})
-        state = run_request(spec.request, group_ctx, spec=g.spec, on_event=forward)
-        outcomes[g.id] = _outcome_from_state(state, gpu)
-        _emit(on_event, "group_done", group=g.id, status=outcomes[g.id]["status"], reason=outcomes[g.id]["reason"])
+    def emit(ev: dict) -> None:   # events reach the caller one at a time, whichever thread sends them
+        if on_event:
+            with lock:
+                on_event(ev)
+
+    def optimize_one(g: Group) -> dict:
+        spec = KernelSpec.from_dict(g.spec)
+        _emit(emit, "group_start", group=g.id, ops=g.ops, description=spec.describe())
+
+        def forward(ev):
+            _emit(emit, ev.get("event", "event"), group=g.id, **{k: v for k, v in ev.items() if k != "event"})
+        outcome = _outcome_from_state(run_request(spec.request, group_ctx, spec=g.spec, on_event=forward), gpu)
+        _emit(emit, "group_done", group=g.id, status=outcome["status"], reason=outcome["reason"])
+        return outcome
+
+    first_of: dict[str, Group] = {}
+    for g in groups:
+        first_of.setdefault(KernelSpec.from_dict(g.spec).key(), g)
+    with ThreadPoolExecutor(max(1, min(MAX_CONCURRENT_GROUPS, len(first_of)))) as pool:
+        done = {g.id: pool.submit(optimize_one, g) for g in first_of.values()}
+        outcomes = {gid: f.result() for gid, f in done.items()}
+    for g in groups:
+        first = first_of[KernelSpec.from_dict(g.spec).key()].id
+        if first != g.id:
+            outcomes[g.id] = {**outcomes[first], "same_as": first}
     return outcomes
 
 

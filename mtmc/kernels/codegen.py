@@ -54,7 +54,7 @@ def _shape(names, dims):
 
 def make_inputs(dims=None, device="cuda", seed=None):
     dims = dims or DIMS
-    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
+    gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
     return [random_tensor(_shape(a["shape"], dims), a["dtype"], a["init"], gen, device) for a in INPUTS]
 
 
@@ -85,9 +85,9 @@ def self_check(trials=3):
         out.fill_(float("nan") if out.is_floating_point() else torch.iinfo(out.dtype).min)
         launch(*inputs, out=out)
         assert all(torch.equal(x, y) for x, y in zip(inputs, before)), "the kernel modified an input"
-        x64 = [x.to("cpu", torch.float64) if x.is_floating_point() else x.cpu() for x in inputs]
+        x64 = [x.to(torch.float64) if x.is_floating_point() else x for x in inputs]
         if "compare" in globals():
-            ok, reason, max_abs, _ = compare(out.cpu(), *x64)
+            ok, reason, max_abs, _ = compare(out, *x64)
         else:
             ref = reference(*x64)
             scale = error_scale(*x64) if "error_scale" in globals() else ref.abs()

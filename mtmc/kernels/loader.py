@@ -45,23 +45,24 @@ def torch_dtype(name: str):
 
 
 def random_tensor(shape, dtype: str, init: str, generator, device="cpu"):
-    """A fresh random tensor, drawn on the CPU from `generator` (one seed gives the same values
-    on any device) and moved to `device`.  Self-contained: kernel files embed its source."""
+    """A fresh random tensor drawn on `device` from `generator` (a generator of that device, or
+    None): GPU-sized inputs are never made on the host.  Self-contained: kernel files embed its
+    source."""
     import torch
     if init == "randn":
-        t = torch.randn(shape, generator=generator, dtype=torch.float32)
+        t = torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
     elif init == "uniform":
-        t = torch.rand(shape, generator=generator, dtype=torch.float32) * 2 - 1
+        t = torch.rand(shape, generator=generator, dtype=torch.float32, device=device).mul_(2).sub_(1)
     elif init == "positive":
-        t = torch.rand(shape, generator=generator, dtype=torch.float32) + 0.5
+        t = torch.rand(shape, generator=generator, dtype=torch.float32, device=device).add_(0.5)
     else:
         raise ValueError(f"unknown init {init!r}")
-    return t.to(getattr(torch, dtype)).to(device)
+    return t.to(getattr(torch, dtype))
 
 
 def make_inputs(spec: KernelSpec, dims: dict[str, int], device="cpu", seed: int | None = None):
     import torch
     from mtmc.kernels.catalog import family_of
-    gen = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
+    gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
     return [random_tensor(a.concrete_shape(dims), a.dtype or spec.dtype, a.init, gen, device)
             for a in family_of(spec).inputs(spec)]

@@ -12,7 +12,6 @@ from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.estimate import estimate_time
 from mtmc.tools.hardware import HardwareProfile
-from mtmc.tools.sandbox import run_job
 
 # Compiling needs real CPU tensors of the compile dims; past this many elements the check dims
 # stand in (resources do not depend on sizes beyond divisibility, which small_dim keeps).
@@ -82,25 +81,33 @@ def interpret(result: dict, spec: KernelSpec, config: dict, profile: HardwarePro
     return verdict
 
 
-def _run_cpu(job: dict, timeout_s: float) -> dict:
-    """Without a GPU the check runs in Triton's interpreter and the compile for the target must
-    not: Triton fixes the mode when it is first imported, so they are two children, run side by
-    side, merged into the shape of one verify result."""
+def _run_split(job: dict, timeout_s: float, gpu: bool, pool) -> dict:
+    """The compile for the target (on the CPU, interpreter off: Triton fixes the mode when it is
+    first imported) and the check (the interpreter on CPU tensors, or the GPU, with the timing)
+    run side by side in two warm sessions, merged into the shape of one verify result."""
     from concurrent.futures import ThreadPoolExecutor
     common = {k: v for k, v in job.items() if k in ("spec", "source")}
     compile_job = {**common, "kind": "compile", "dims": job["compile_dims"], "target": job["target"]}
-    check_job = {**common, "kind": "check", "dims": job["dims"], "device": "cpu", "trials": job["trials"]}
-    with ThreadPoolExecutor(2) as pool:
-        comp = pool.submit(run_job, compile_job, timeout_s, 8192, False)
-        chk = pool.submit(run_job, check_job, timeout_s, 8192, True)
+    if gpu:
+        check_kind, check_job = "gpu", {**job, "target": None}   # verify = check, then time on the GPU
+    else:
+        check_kind, check_job = "check", {**common, "kind": "check", "dims": job["dims"], "device": "cpu",
+                                          "trials": job["trials"]}
+    with ThreadPoolExecutor(2) as threads:
+        comp = threads.submit(pool.run, "compile", compile_job, timeout_s)
+        chk = threads.submit(pool.run, check_kind, check_job, timeout_s)
         comp, chk = comp.result(), chk.result()
     for part, res in (("compile", comp), ("check", chk)):
         if res.get("status") != "ok":
-            return {**res, "part": part, "result": {"compile": comp.get("result")} if part == "check" else {}}
-    merged = {"compile": comp["result"], "check": chk["result"], "passed": False, "failed_at": None}
+            return {**res, "part": res.get("part") or part,
+                    "result": {"compile": comp.get("result")} if part == "check" else {}}
+    checked = chk["result"] if gpu else {"check": chk["result"]}
+    merged = {"compile": comp["result"], "check": checked.get("check"), "passed": False, "failed_at": None}
+    if checked.get("time"):
+        merged["time"] = checked["time"]
     if not comp["result"]["ok"]:
         merged["failed_at"] = "compile"
-    elif not chk["result"]["ok"]:
+    elif not (checked.get("check") or {}).get("ok"):
         merged["failed_at"] = "check"
     else:
         merged["passed"] = True
@@ -110,8 +117,9 @@ def _run_cpu(job: dict, timeout_s: float) -> dict:
 
 def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareProfile, *, gpu: bool,
                  timeout_s: float = 240.0, baselines: bool = True, compile_baseline: bool = True) -> dict:
+    from mtmc.tools.warm import drafts_pool
     job = build_job(spec, source, config, profile, gpu, baselines, compile_baseline)
-    result = run_job(job, timeout_s=timeout_s, interpret=False) if gpu else _run_cpu(job, timeout_s)
+    result = _run_split(job, timeout_s, gpu, drafts_pool())
     verdict = interpret(result, spec, config, profile)
     verdict["stderr_tail"] = (result.get("stderr_tail") or "")[-1500:] if not verdict["ok"] else ""
     return verdict

@@ -198,8 +198,18 @@ def serve() -> None:
             result = run(json.loads(line))
         except Exception as e:  # an unreadable job
             result = error_result(None, e)
+        _release_gpu_memory()
         _answer(result_out, result)
     os._exit(0)
+
+
+def _release_gpu_memory() -> None:
+    """Between a session's jobs, hand cached GPU blocks back: other processes (the guard's
+    reference, the next group's draft) need the memory of a multi-GB draft check."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
