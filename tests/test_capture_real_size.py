@@ -62,6 +62,29 @@ def get_init_inputs():
     return []
 '''
 
+# a constructor that reads data (stochastic-depth rates, as in Swin) is built for real; the
+# forward still runs on fake tensors
+READS_DATA_IN_INIT = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.rates = [x.item() for x in torch.linspace(0, 0.5, depth)]
+
+    def forward(self, x):
+        return x * (1.0 - self.rates[-1])
+
+
+def get_inputs():
+    return [torch.rand(100_000, 100_000)]
+
+
+def get_init_inputs():
+    return [3]
+'''
+
 COMMON_OPS = '''import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -159,6 +182,14 @@ def test_reading_data_runs_for_real_only_when_it_fits(tmp_path):
     cap = capture_in_child(str(small), memory_mb=CAP_MB)
     assert cap["tensors"] == "real" and "DataDependentOutputException" in cap["fake_failure"]
     assert cap["inputs"][0]["shape"] == [4, 100_000]
+
+
+def test_a_constructor_that_reads_data_is_built_for_real_and_run_on_shapes(tmp_path):
+    cap = capture_in_child(str(write(tmp_path, "init_reads.py", READS_DATA_IN_INIT)), memory_mb=CAP_MB)
+    assert cap["tensors"] == "fake" and cap["fake_failure"].startswith(
+        "building Model(*get_init_inputs()) on fake tensors raised DataDependentOutputException")
+    assert cap["outputs"] == [{"kind": "tensor", "shape": [100_000, 100_000], "dtype": "float32"}]
+    assert [g.spec["params"]["chain"] for g in partition(cap).groups] == [[{"op": "scale", "value": 0.5}]]
 
 
 # -- common ops ---------------------------------------------------------------------------------

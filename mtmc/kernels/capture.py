@@ -19,7 +19,7 @@ with the file line that stopped the tracer.
 
 Result (JSON): {"graphs": [{"path", "nodes", "modules", "line_of"}], "problems": [{"path",
 "where", "reason"}], "inputs", "params", "outputs", "training", "tensors": "fake" | "real"
-(and "fake_failure": why fake tensors were not enough)}.  A bad upload raises UploadError with a
+(the forward's), "fake_failure" (when present: what fake tensors could not run)}.  A bad upload raises UploadError with a
 plain-words message; the worker turns it into an error result.
 """
 from __future__ import annotations
@@ -157,18 +157,34 @@ def load_upload(path: str):
     return module
 
 
-def build(module, path: str, learned: dict):
+def _construct(module, init: list, fake: bool, notes: dict):
+    """Model(*init).  A constructor fake tensors cannot run (it reads data: `[x.item() for x in
+    torch.linspace(...)]`, or converts itself: `self.half()`) builds the model on real tensors
+    instead, under the child's memory cap; the forward still runs on fake ones."""
+    try:
+        return module.Model(*init)
+    except Exception as e:
+        if not fake:
+            raise
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        notes["fake_failure"] = (f"building Model(*get_init_inputs()) on fake tensors raised {type(e).__name__}: "
+                                 f"{str(e).strip()[:300]}; it was built on real tensors")
+        with unset_fake_temporarily():
+            return module.Model(*init)
+
+
+def build(module, path: str, learned: dict, fake: bool = False, notes: dict | None = None):
     """(model, inputs) from the file's own get_init_inputs() / get_inputs(); their bytes go
-    into `learned` as soon as they are known."""
+    into `learned` as soon as they are known, and what could not run on fake tensors into `notes`."""
     import torch
     name = os.path.basename(path)
     phase("init")
     try:
         init = list(module.get_init_inputs())
-        model = module.Model(*init)
+        model = _construct(module, init, fake, {} if notes is None else notes)
     except BaseException as e:
         raise _failure(f"building Model(*get_init_inputs()) from {name}", e, path) from None
-    learned["params"] = info_bytes(params_info(model).values())
+    learned["parameters"] = info_bytes(params_info(model).values())
     phase("inputs")
     try:
         inputs = module.get_inputs()
@@ -287,7 +303,7 @@ def _trace_keeping_state(tracer, mod, defaults: dict):
     finally:
         after = {(m, k): v for m in mod.modules() for k, v in vars(m).items() if not k.startswith("_")}
         assigned = sorted({"self." + _join(names.get(m, "?"), k) for (m, k), v in after.items()
-                           if before.get((m, k), v) is not v or (m, k) not in before})
+                           if (m, k) not in before or before[(m, k)] is not v})
         for (m, k) in after.keys() - before.keys():
             del m.__dict__[k]
         for (m, k), v in before.items():
@@ -397,8 +413,7 @@ def info_bytes(infos) -> int:
     import math
 
     import torch
-    return sum(math.prod(i["shape"]) * torch.empty((), dtype=getattr(torch, i["dtype"])).element_size()
-               for i in infos if i.get("kind") == "tensor")
+    return sum(math.prod(i["shape"]) * getattr(torch, i["dtype"]).itemsize for i in infos if i.get("kind") == "tensor")
 
 
 def fake_tensors():
@@ -447,9 +462,10 @@ def run_and_trace(module, path: str, learned: dict, fake: bool) -> dict:
     """Build, run once and trace; the result without "file" and "tensors"."""
     import torch.nn as nn
     import torch.utils._pytree as pytree
-    model, inputs = build(module, path, learned)
-    for m in model.modules():
-        if fake and isinstance(m, nn.RNNBase):
+    notes: dict = {}
+    model, inputs = build(module, path, learned, fake, notes)
+    for m in model.modules() if fake else ():
+        if isinstance(m, nn.RNNBase):
             m.forward = recurrent_layer_shapes(m)
     out, calls = run_recording_calls(model, inputs, path)
     outputs = [_tensor_info(t) for t in pytree.tree_leaves(out)]
@@ -462,7 +478,7 @@ def run_and_trace(module, path: str, learned: dict, fake: bool) -> dict:
             raise
         raise _failure(f"the shape pass over {os.path.basename(path)}'s graph", e, path) from None
     return {"graphs": graphs, "problems": problems, "inputs": [_tensor_info(x) for x in inputs],
-            "params": params_info(model), "outputs": outputs, "training": bool(model.training)}
+            "params": params_info(model), "outputs": outputs, "training": bool(model.training), **notes}
 
 
 def _refuse_if_too_big(failure: UploadError, learned: dict) -> None:
@@ -473,7 +489,7 @@ def _refuse_if_too_big(failure: UploadError, learned: dict) -> None:
     needed = sum(learned.values())
     if budget is None or needed <= budget:
         return
-    parts = ", ".join(f"{ {'params': 'parameters'}.get(k, k)} {gib(v)}" for k, v in learned.items())
+    parts = ", ".join(f"{k} {gib(v)}" for k, v in learned.items())
     raise UploadError(f"{failure}\n  This was found on fake tensors (shapes, no data). Running it on real "
                       f"tensors needs at least {gib(needed)} ({needed} bytes: {parts}), more than the "
                       f"{gib(budget)} ({budget} bytes) of memory the capture may use.", failure.cause)
