@@ -161,6 +161,40 @@ def test_rebuild_from_the_log_gives_the_same_results(store200, tmp_path):
     assert [q(copy) for q in queries] == before
 
 
+def test_search_weighs_the_dtype_the_words_name(tmp_path):
+    """`mtmc memory search "softmax fp16"` once ranked a bf16 run first: the words' dtype counts."""
+    store = Store(tmp_path / "memory")          # $MTMC_HOME/memory for the command below
+    dims = {"M": 4096, "N": 8192}
+    bf16 = synthetic_record("softmax", "softmax", dims, "bfloat16")
+    fp16 = synthetic_record("softmax", "softmax", {"M": 1024, "N": 1024}, "float16")
+    fp32 = synthetic_record("softmax", "softmax", dims, "float32")
+    for rec in (bf16, fp32, fp16):
+        store.add(rec)
+    for words, first in (("softmax fp16", fp16), ("softmax bf16", bf16), ("softmax in half precision", fp16),
+                         ("softmax fp32", fp32)):
+        hits = store.search(words, k=3)
+        assert hits[0]["id"] == first.id, (words, [(h["dtype"], h["score"]) for h in hits])
+    proc = _mtmc("memory", "search", "softmax fp16", "-k", "2", env={**os.environ, "MTMC_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(fp16.id)
+
+
+def test_why_answers_never_list_the_run_itself_and_read_right_as_markdown():
+    from markdown_it import MarkdownIt
+    state = run_request("relu on a 64x64 fp32 tensor", Context(target="h200", max_steps=0))
+    own = state["history_id"]
+    assert own and Store().get(own) is not None
+    again = run_request("relu on a 64x64 fp32 tensor", Context(target="h200", max_steps=0))
+    answer = explain("why did you stop?", again, Store())
+    similar = answer.split("Similar past histories")[1]
+    assert again["history_id"] not in similar and own in similar     # the earlier run, not this one
+    # as markdown (the chat renders it), no labelled line is swallowed by the list item before it
+    items = re.findall(r"<li>(.*?)</li>", MarkdownIt("commonmark").render(answer), re.S)
+    assert len(items) >= 3
+    for label in ("Policy:", "Hardware limits", "Checked:", "Estimated, not measured:", "Similar past histories"):
+        assert label in answer and not any(label in item for item in items), label
+
+
 # -- processes ---------------------------------------------------------------------------------------
 def test_a_run_stored_by_one_process_is_found_by_others():
     store = Store()

@@ -23,6 +23,7 @@ _STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
 _KNOB = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([\w.]+)")
 _STOP = re.compile(r"\b(stop|stopped|stopping|finish|finished|end|ended|halt)\b", re.I)
 _FUSE = re.compile(r"\bfus(e|ed|ion|ing)\b", re.I)
+_ITEM = re.compile(r"^\s*- ")
 
 
 SYSTEM = """You explain the decisions of a GPU kernel optimizer (a planner that turns one knob per step,
@@ -68,7 +69,18 @@ def _facts(question: str, state: dict, store: Store | None) -> tuple[str, str]:
     elif kind == "fuse":
         lines += _fusion(spec, state)
     lines += _similar(spec, hw.name, state.get("history_id"), store)
-    return kind, "\n".join(lines)
+    return kind, join_lines(lines)
+
+
+def join_lines(lines: list[str]) -> str:
+    """The fact sheet's lines as text that also reads right as markdown (the chat renders it):
+    a blank line ends each list, so the line after it is not swallowed by its last item."""
+    out: list[str] = []
+    for line in lines:
+        if out and _ITEM.match(out[-1]) and not _ITEM.match(line):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 # -- checking the prose against the facts -------------------------------------------------------

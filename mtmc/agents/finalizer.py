@@ -46,7 +46,7 @@ def finalize(state: State, runtime: Runtime[Context]) -> dict:
         msg = ("No correct kernel was found for " + spec.describe() + ". Every draft failed verification; "
                "the steps above say why.")
         emit("final", status="failed", message=msg)
-        return {"status": "failed", "message": msg}
+        return {"status": "failed", "message": msg, "history_id": None}
     summary = summary_text(spec, best, state.get("baselines"), runtime.context.target)
     path = Path(runtime.context.out_path or artifacts_dir() / f"{spec.op}_{spec.key()}.py")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,7 @@ def finalize(state: State, runtime: Runtime[Context]) -> dict:
         stored, memory = None, f"Memory: history not stored ({exc})"
     msg = f"{spec.describe()}: best draft is step {best['step']}.\n{summary}\nKernel file: {path}\n{memory}"
     emit("final", status="done", message=msg, artifact=str(path), history_id=stored)
-    return {"status": "done", "message": msg, "artifact": str(path)}
+    return {"status": "done", "message": msg, "artifact": str(path), "history_id": stored}
 
 
 def history_record(state: State, spec: KernelSpec, best: dict, hw) -> HistoryRecord:

@@ -11,6 +11,18 @@ from mtmc.kernels.parse import parse_request
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import Store
 from mtmc.tools.hardware import resolve
+from mtmc.tools.machine import gib
+
+
+def check_fits(spec: KernelSpec, target: str | None) -> None:
+    """ValueError, with the numbers, when the kernel's inputs and output cannot be held in the
+    target GPU's memory at once: such a request is refused, never estimated."""
+    profile = resolve(target)
+    need = family_of(spec).tensor_bytes(spec)
+    if profile.memory_bytes and need > profile.memory_bytes:
+        raise ValueError(f"{spec.describe()} does not fit the target GPU: its inputs and output need {gib(need)} "
+                         f"({need:,} bytes), and the {profile.name} has {gib(profile.memory_bytes)} "
+                         f"({profile.memory_bytes:,} bytes) of memory. Ask for a smaller shape.")
 
 
 def parse(state: State, runtime: Runtime[Context]) -> dict:
@@ -18,6 +30,7 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
         spec = KernelSpec.from_dict(state["spec"])
         try:
             family_of(spec).validate(spec)
+            check_fits(spec, runtime.context.target)
         except ValueError as exc:
             emit("unsupported", message=str(exc))
             return {"status": "unsupported", "message": str(exc)}
@@ -28,6 +41,11 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
         emit("unsupported", message=result.message)
         return {"status": "unsupported", "message": result.message}
     spec = result.spec
+    try:
+        check_fits(spec, runtime.context.target)
+    except ValueError as exc:
+        emit("unsupported", message=str(exc))
+        return {"status": "unsupported", "message": str(exc)}
     emit("parsed", spec=spec.to_dict(), description=spec.describe(), assumptions=result.assumptions)
     return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions)}
 

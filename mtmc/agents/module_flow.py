@@ -32,6 +32,7 @@ from mtmc.agents.runner import run_request
 from mtmc.kernels.assemble import assemble
 from mtmc.kernels.capture import PHASES, info_bytes, last_phase
 from mtmc.kernels.fusion import Group, Partition, partition
+from mtmc.kernels.module_file import ModuleFileError, check_file
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
 from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
@@ -108,6 +109,10 @@ def capture_and_partition(path: str, gpu: bool, timeout_s: float, memory_mb: int
                           on_event=None) -> tuple[dict, dict, Partition]:
     """(captured, memory_needs, partition) of the file; Rejected for a bad or too big upload."""
     name = os.path.basename(path)
+    try:
+        check_file(path)   # .py only, under the upload limit: the chat's rules for the command line too
+    except ModuleFileError as e:
+        raise Rejected(str(e)) from None
     try:
         check_syntax(Path(path).read_text(), name)
     except (OSError, UnicodeDecodeError) as e:

@@ -33,3 +33,4 @@ class State(TypedDict, total=False):
     stale_steps: int                   # measured moves in a row that did not beat `best`
     baselines: dict                    # eager / torch.compile times, measured once per run
     artifact: str                      # path of the written kernel file
+    history_id: str | None             # this run's history in memory (never its own "similar past run")

@@ -35,7 +35,7 @@ def cmd_search(args) -> int:
         print("no stored histories match")
     for h in hits:
         stale = f"  [stale: {'; '.join(h['stale_reasons'])}]" if h["stale"] else ""
-        print(f"{h['id']}  d={h['distance']:.3f}  {h['description']}  on {h['gpu']}\n"
+        print(f"{h['id']}  score={h['score']:.3f} (text distance {h['distance']:.3f})  {h['description']}  on {h['gpu']}\n"
               f"    final config {h['final_config']} at step {h['final_step']} of {h['drafts']}, {_time(h)}{stale}")
     return 0
 

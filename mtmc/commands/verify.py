@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
+from mtmc.kernels.module_file import ModuleFileError, check_file
 from mtmc.tools.guard import format_verdict, verify
 from mtmc.tools.guard.verifier import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 
 
 def cmd_verify(args) -> int:
     for p in (args.reference, args.candidate):
-        if not Path(p).is_file() or Path(p).suffix != ".py":
-            print(f"mtmc: {p} is not a .py file", file=sys.stderr)
+        try:
+            check_file(p)   # the chat's upload rules: .py only, under its size limit
+        except ModuleFileError as exc:
+            print(f"mtmc verify: {exc}", file=sys.stderr)
             return 2
     device = None if args.device == "auto" else args.device
     verdict = verify(args.reference, args.candidate, device=device, timeout_s=args.timeout, memory_mb=args.memory_mb)

@@ -16,6 +16,7 @@ standalone artifact, run in the verifier's child process and travel through the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mtmc.kernels.spec import KernelSpec
@@ -78,6 +79,12 @@ class Family:
         raise NotImplementedError
 
     # -- cost and checking --------------------------------------------------------------
+    def tensor_bytes(self, spec: KernelSpec) -> int:
+        """Bytes of the kernel's inputs and its output at the spec's full size: what must fit
+        in the GPU's memory at once."""
+        args = [*self.inputs(spec), self.output(spec)]
+        return sum(math.prod(a.concrete_shape(spec.dims)) * DTYPE_BYTES[a.dtype or spec.dtype] for a in args)
+
     def work(self, spec: KernelSpec) -> tuple[float, float]:
         """(flops, bytes) that any implementation must do / move at least."""
         raise NotImplementedError

@@ -7,8 +7,10 @@ records always come from the log.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+from mtmc.kernels.spec import DTYPE_ALIASES
 from mtmc.memory.index import HistoryIndex, MemoryUnavailable, shared_index
 from mtmc.memory.log import HistoryLog
 from mtmc.memory.records import HistoryRecord, describe_spec, shape_bucket, shape_distance
@@ -81,15 +83,22 @@ class Store:
         return HistoryRecord.from_dict(hits[0]) if len(hits) == 1 else None
 
     def search(self, text: str, op: str | None = None, gpu: str | None = None, k: int = 5) -> list[dict]:
-        """Histories whose description is nearest to `text`; op matches a family or an op name."""
+        """Histories whose description is nearest to `text`; op matches a family or an op name.
+        A dtype the text names ("fp16", "bf16", "half") weighs like in similar(): the words are
+        put in the descriptions' terms (float16, ...) and another dtype adds DTYPE_PENALTY to the
+        embedding's distance ("score" orders the hits)."""
         conds = []
         if op:
             conds.append({"$or": [{"family": op}, {"op": op}]})
         if gpu:
             conds.append({"gpu": gpu})
         index = self.index()
-        hits = index.query(text, _where(conds), min(k, len(index.ids(_where(conds)))))
-        return self._summaries(hits, gpu)
+        text, dtypes = dtype_words(text)
+        pool = max(k, POOL) if dtypes else k
+        hits = self._summaries(index.query(text, _where(conds), min(pool, len(index.ids(_where(conds))))), gpu)
+        for h in hits:
+            h["score"] = round(h["distance"] + DTYPE_PENALTY * bool(dtypes and h["dtype"] not in dtypes), 4)
+        return sorted(hits, key=lambda h: h["score"])[:k]
 
     def similar(self, spec: dict, gpu: str, k: int = 3) -> list[dict]:
         """Past histories for the same op family on the same GPU, nearest spec first.  Metadata
@@ -132,6 +141,19 @@ class Store:
             if rec is not None:  # an index entry always has its record; skip rather than fail if not
                 out.append({**rec.summary(gpu), "distance": round(float(distance), 4)})
         return out
+
+
+_DTYPE_WORD = re.compile(r"\b(" + "|".join(sorted(map(re.escape, DTYPE_ALIASES), key=len, reverse=True)) + r")\b", re.I)
+
+
+def dtype_words(text: str) -> tuple[str, set[str]]:
+    """(`text` with each dtype word in the descriptions' terms, the dtypes it names)."""
+    named: set[str] = set()
+
+    def canonical(m: re.Match) -> str:
+        named.add(DTYPE_ALIASES[m.group(1).lower()])
+        return DTYPE_ALIASES[m.group(1).lower()]
+    return _DTYPE_WORD.sub(canonical, text), named
 
 
 def _where(conds: list[dict]) -> dict | None:

@@ -2,6 +2,8 @@
 
 Numbers are per device.  `bandwidth_gbs` and peaks are datasheet leads except where marked
 measured (the H200's come from this workplace's measurements: 4.3 TB/s copy, ~790 TFLOP/s bf16).
+`memory_bytes` is the device memory a program can hold: the datasheet's size, less what the
+driver keeps (the H200's 141 GB show as about 139 GiB usable).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class HardwareProfile:
     fp32_tflops: float        # non-tensor-core fp32
     tc_tflops: dict           # tensor-core dense peak by input dtype
     warp_size: int = 32
+    memory_bytes: int = 0     # device memory a program can use; 0: unknown (profiles stored before it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -35,13 +38,17 @@ class HardwareProfile:
 
 PROFILES: dict[str, HardwareProfile] = {
     "h200": HardwareProfile("NVIDIA H200", 90, 132, 232448, 233472, 65536, 255, 2048, 60 * 2**20,
-                            4300.0, 67.0, {"float16": 790.0, "bfloat16": 790.0, "float32": 67.0}),
+                            4300.0, 67.0, {"float16": 790.0, "bfloat16": 790.0, "float32": 67.0},
+                            memory_bytes=139 * 2**30),      # 141 GB, about 139 GiB usable
     "h100": HardwareProfile("NVIDIA H100 SXM", 90, 132, 232448, 233472, 65536, 255, 2048, 50 * 2**20,
-                            3000.0, 67.0, {"float16": 750.0, "bfloat16": 750.0, "float32": 67.0}),
+                            3000.0, 67.0, {"float16": 750.0, "bfloat16": 750.0, "float32": 67.0},
+                            memory_bytes=80 * 10**9),
     "a100": HardwareProfile("NVIDIA A100 SXM", 80, 108, 166912, 167936, 65536, 255, 2048, 40 * 2**20,
-                            1700.0, 19.5, {"float16": 280.0, "bfloat16": 280.0, "float32": 19.5}),
+                            1700.0, 19.5, {"float16": 280.0, "bfloat16": 280.0, "float32": 19.5},
+                            memory_bytes=80 * 10**9),
     "v100": HardwareProfile("NVIDIA V100 SXM2", 70, 80, 98304, 98304, 65536, 255, 2048, 6 * 2**20,
-                            800.0, 15.7, {"float16": 110.0, "float32": 15.7}),
+                            800.0, 15.7, {"float16": 110.0, "float32": 15.7},
+                            memory_bytes=32 * 10**9),
 }
 
 
@@ -76,6 +83,7 @@ def present_gpu() -> HardwareProfile | None:
         bandwidth_gbs=base.bandwidth_gbs if base else 1000.0,
         fp32_tflops=base.fp32_tflops if base else 10.0,
         tc_tflops=base.tc_tflops if base else {},
+        memory_bytes=int(props.total_memory),
     )
 
 
