@@ -2,6 +2,7 @@
 gradio_client for each flow (request, follow-up, why, upload), with login, the run queue and
 the file-serving limits."""
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -156,6 +157,176 @@ def test_plots_show_each_step_and_place_the_kernel_under_the_roof():
     assert svg.startswith("<svg") and "NVIDIA H200" in svg and "estimate, no GPU" in svg and "<circle" in svg
 
 
+def _svg_numbers(svg, cls):
+    return [(float(m.group(2)), m.group(3)) for m in
+            re.finditer(rf'<text class="{cls}" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg)]
+
+
+def test_the_time_plot_shows_one_step_rounded_labels_in_order_and_a_line_per_group():
+    from mtmc.ui.plots import time_svg
+    one = time_svg(time_table([{"step": 0, "verdict": _verdict(ms=0.0049520771), "time_ms": 0.0049520771}], None))
+    assert one.count("<circle") == 1 and 'data-step="0"' in one         # one step is a visible dot
+    assert [t for _, t in _svg_numbers(one, "x-tick")] == ["0"]           # whole steps only
+    labels = [t for _, t in _svg_numbers(one, "y-tick")]
+    assert labels and all(len(t.replace("0.", "").lstrip("0")) <= 3 for t in labels), labels   # rounded
+    assert "0.0049520771" not in re.sub(r"<title>.*?</title>", "", one)
+    # mid-run values: a larger time sits higher (smaller y) and the labels rise with it
+    steps = [{"step": i, "verdict": _verdict(ms=ms), "time_ms": ms} for i, ms in enumerate([0.135, 0.092, 0.11])]
+    many = time_svg(time_table(steps, None))
+    ys = {float(m.group(2)): float(m.group(1)) for m in re.finditer(r'cy="([\d.]+)"[^>]*data-ms="([\d.e-]+)"', many)}
+    assert ys[0.135] < ys[0.11] < ys[0.092]
+    ticks = _svg_numbers(many, "y-tick")
+    assert [float(t) for _, t in sorted(ticks, reverse=True)] == sorted(float(t) for _, t in ticks)
+    assert [t for _, t in _svg_numbers(many, "x-tick")] == ["0", "1", "2"]
+    # a module: one line per group, each with its own dots
+    from mtmc.ui.module_view import ModuleStream
+    m = ModuleStream()
+    for gid, times in ((0, [0.02, 0.015]), (1, [0.03])):
+        m.feed({"event": "group_start", "group": gid, "ops": ["x"], "description": f"group {gid}"})
+        for i, ms in enumerate(times):
+            m.feed({"event": "code", "group": gid, "step": i, "config": {}, "diff": "", "origin": "template"})
+            m.feed({"event": "step", "group": gid, "step": i, "origin": "template", "action": {"kind": "init"},
+                    "verdict": _verdict(ms=ms), "time_ms": ms, "outcome": "accepted"})
+    svg = time_svg(m.time_table())
+    series = re.findall(r'<g class="series" data-series="([^"]+)">(.*?)</g>', svg)
+    assert [name for name, _ in series] == ["group 0 (estimate, no GPU)", "group 1 (estimate, no GPU)"]
+    assert [body.count("<circle") for _, body in series] == [2, 1]
+
+
+def test_suggested_questions_are_ones_the_run_can_answer():
+    """Offline runs often stop at step 0: "why step 1?" would get "There is no step 1"."""
+    from mtmc.agents.explainer import explain
+    from mtmc.ui.layout import INTRO
+    rec = {"step": 0, "origin": "template", "action": {"kind": "init"}, "reason": "first draft", "alternatives": [],
+           "config": {"BLOCK_N": 8}, "verdict": _verdict(), "time_ms": 0.01, "outcome": "accepted"}
+    stop = {"action": {"kind": "stop"}, "reason": "no move is predicted to gain 1%", "alternatives": []}
+    state = {"spec": SOFTMAX, "steps": [rec], "best": {**rec}, "decision": stop}
+    s = StepStream()
+    s.feed({"event": "parsed", "description": "softmax", "assumptions": [], "spec": SOFTMAX})
+    s.feed({"event": "code", "step": 0, "config": {"BLOCK_N": 8}, "diff": "", "origin": "template"})
+    s.feed({"event": "step", **rec})
+    s.feed({"event": "plan", "step": 1, **stop})
+    s.feed({"event": "final", "status": "done", "message": "softmax: best draft is step 0.\nKernel file: /x.py"})
+    suggested = re.findall(r"\*(why [^*]*\?)\*", s.messages[-1]["content"])
+    offered = re.findall(r"\*(why [^*]*\?)\*", INTRO)
+    assert suggested and offered
+    for question in suggested + offered:
+        answer = explain(question, state)
+        assert "There is no step" not in answer and "did not stop" not in answer, (question, answer)
+
+
+def test_the_queue_says_gpu_only_where_there_is_one():
+    from mtmc.ui.chat import Chat
+    line = RunQueue()
+    holder = line.join()
+    assert line.wait_turn(holder)                         # someone else's run holds the line
+    turn = Chat(line).respond({"text": "relu on a 64x64 fp32 tensor"}, [], None, {})
+    try:
+        for update in turn:
+            queued = [m for m in update["chat"] if (m.get("metadata") or {}).get("title") == "In the queue"]
+            if queued:
+                break
+    finally:
+        turn.close()
+        line.leave(holder)
+    text = queued[0]["content"]
+    assert "1 run ahead of you" in text
+    assert "Waiting for the GPU" not in text and "no GPU" in text     # this machine has none (CI, here)
+
+
+def _fake_run(monkeypatch, release, events=()):
+    """chat.run_request replaced by a run that reports `events` and waits for `release`."""
+    from mtmc.ui import chat as chat_module
+
+    def fake(text, ctx, thread_id=None, on_event=None, spec=None):
+        for ev in events:
+            on_event(ev)
+        release.wait(30)
+        if isinstance(release.outcome, Exception):
+            raise release.outcome
+        return {"status": "failed"}
+    release.outcome = None
+    monkeypatch.setattr(chat_module, "run_request", fake)
+
+
+def _contents(update):
+    return [m["content"] for m in update["chat"]]
+
+
+def test_a_message_sent_during_a_run_is_queued_visibly_and_answered_after_it(monkeypatch):
+    from mtmc.ui.chat import Chat
+    release = threading.Event()
+    _fake_run(monkeypatch, release, [{"event": "parsed", "description": "relu", "assumptions": [], "spec": SOFTMAX}])
+    chat, seen = Chat(), []
+    first = chat.respond({"text": "relu on a 64x64 fp32 tensor"}, [], None, {})
+    opening = next(first)
+    thread = opening["thread"]
+    runner = threading.Thread(target=lambda: seen.extend(first))
+    runner.start()
+    time.sleep(0.5)
+    second = list(chat.respond({"text": "why did you stop?"}, opening["chat"], thread, {}))
+    assert len(second) == 1 and second[0]["box"] == {"text": "", "files": []}      # answered at once ...
+    shown = _contents(second[0])
+    assert shown[0] == "relu on a 64x64 fp32 tensor" and shown[-2] == "why did you stop?"
+    assert "A run is in progress" in shown[-1] and "queued" in shown[-1]          # ... saying it waits
+    release.set()
+    runner.join(30)
+    final = _contents(seen[-1])
+    assert final.index("why did you stop?") < len(final) - 1                         # then answered
+    assert not any("A run is in progress" in c for c in final)
+    assert "nothing to explain yet" in final[-1]
+    assert not chat._running                                                         # the conversation is free
+
+
+def test_a_page_that_sends_before_the_last_answer_arrived_keeps_the_whole_conversation(monkeypatch):
+    from mtmc.ui.chat import Chat
+    release = threading.Event()
+    release.set()
+    _fake_run(monkeypatch, release)
+    chat = Chat()
+    first = list(chat.respond({"text": "relu on a 64x64 fp32 tensor"}, [], None, {}))
+    thread = first[0]["thread"]
+    stale = []                                       # the page had not yet received the first answer
+    after = _contents(list(chat.respond({"text": "why step 0?"}, stale, thread, {}))[-1])
+    assert after[:len(first[-1]["chat"])] == _contents(first[-1]) and after[-2] == "why step 0?"
+
+
+def test_a_quiet_run_says_what_it_is_doing_and_for_how_long(monkeypatch):
+    from mtmc.ui import services
+    from mtmc.ui.chat import Chat
+
+    def sleepy(path, ctx, out, report, on_event=None):     # an upload whose import sleeps
+        time.sleep(1.5)
+        on_event({"event": "rejected", "message": "sleepy.py: importing the file did not finish within 1 s"})
+        return {"status": "rejected"}
+
+    monkeypatch.setattr(services, "module_optimizer", lambda: sleepy)
+    updates = list(Chat(tick_s=0.1, quiet_s=0.5).respond({"text": "", "files": [str(MODULES / "linear_bias_relu.py")]},
+                                                           [], None, {}))
+    working = [m["content"] for u in updates for m in u["chat"] if (m.get("metadata") or {}).get("title") == "Working"]
+    assert working and "capturing the module" in working[-1] and "importing it" in working[-1]
+    assert re.search(r"\b1 s on this so far", working[-1]), working[-1]
+    assert not any((m.get("metadata") or {}).get("title") == "Working" for m in updates[-1]["chat"])   # gone at the end
+
+
+def test_messages_that_quote_code_show_it_literally(monkeypatch):
+    from markdown_it import MarkdownIt
+    from mtmc.ui.chat import Chat
+    from mtmc.ui.module_view import ModuleStream
+    md = MarkdownIt("commonmark")
+    release = threading.Event()
+    _fake_run(monkeypatch, release)
+    release.outcome = RuntimeError("Model.__init__ failed: Model(*get_init_inputs()) at <module> line 3")
+    release.set()
+    error = Chat().respond({"text": "relu on a 64x64 fp32 tensor"}, [], None, {})
+    m = ModuleStream()
+    m.feed({"event": "rejected", "message": "net.py: building Model(*get_init_inputs()) failed in __init__: **x"})
+    for text in (list(error)[-1]["chat"][-1]["content"], m.messages[-1]["content"]):
+        html = md.render(text)
+        assert "<strong>" not in html and "<em>" not in html, html
+        assert "__init__" in html and "*get_init_inputs()" in html
+
+
 # -- uploads -------------------------------------------------------------------------------------
 def test_uploads_are_checked_without_running_them(tmp_path):
     kept = check_module(MODULES / "linear_bias_relu.py")
@@ -293,7 +464,10 @@ def _text(msg):
 
 
 def _last(updates, key):
-    vals = [u[key] for u in updates if not (isinstance(u[key], dict) and u[key].get("__type__") == "update")]
+    """The last value `key` took; a component update counts when it carries a value."""
+    vals = [u[key].get("value") if isinstance(u[key], dict) and u[key].get("__type__") == "update" else u[key]
+            for u in updates if not (isinstance(u[key], dict) and u[key].get("__type__") == "update"
+                                     and "value" not in u[key])]
     return vals[-1] if vals else None
 
 
@@ -333,7 +507,7 @@ def test_request_streams_steps_and_ends_with_a_kernel_after_waiting_its_turn(app
     assert "@triton.jit" in code and "float16" in code
     assert Path(download).read_text().strip() == code.strip()
     times = _last(updates, "times")
-    assert {row[0] for row in times["data"]} == {0, 1}
+    assert set(re.findall(r'data-step="(\d+)"', times)) == {"0", "1"}
     assert "final kernel (step" in _last(updates, "roofline")
 
 
@@ -423,7 +597,7 @@ def test_upload_optimizes_the_module_group_by_group_and_answers_why(client):
     code = _last(updates, "code")
     assert "class ModelNew" in code and Path(_last(updates, "download")).read_text().strip() == code.strip()
     report = _last(updates, "report")
-    assert report["data"][0][0] == 0 and report["data"][0][2].startswith("Triton matmul")
+    assert re.search(r"<td[^>]*>0</td><td[^>]*>linear \(line 16\)[^<]*</td><td[^>]*>Triton matmul</td>", report), report
     assert "group 0: matmul" in _last(updates, "roofline")
 
     fuse = _text(_last(_ask(client, "why did you fuse the relu?"), "chat")[-1])

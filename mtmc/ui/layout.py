@@ -1,22 +1,41 @@
 """The Gradio app: chat (with upload and the pictures), history, settings and status."""
 from __future__ import annotations
 
+import uuid
+
 import gradio as gr
 
 from mtmc.paths import artifacts_dir
 from mtmc.ui import history, services
 from mtmc.ui.chat import Chat
-from mtmc.ui.module_view import REPORT_COLUMNS
-from mtmc.ui.plots import TIME_COLUMNS
+from mtmc.ui.module_view import REPORT_PLACEHOLDER
+from mtmc.ui.plots import TIMES_PLACEHOLDER
 from mtmc.ui.settings import Settings, status_markdown, target_choices
 from mtmc.ui.upload import MAX_UPLOAD_BYTES
 
 TITLE = "MTMC Kernel Agent"
 INTRO = ("Ask for a kernel in words (*softmax over the rows of a 4096x8192 fp16 tensor*), upload a "
          "PyTorch module (`class Model`, `get_inputs()`, `get_init_inputs()`) with the paperclip, "
-         "then follow up (*use bf16*, *try it for 16384 columns*) or ask *why step 1?*")
+         "then follow up (*use bf16*, *try it for 16384 columns*) or ask *why step 0?* (the first draft) "
+         "or *why did you stop?*")
 ROOFLINE_PLACEHOLDER = "<p>The roofline appears when a run finishes.</p>"
 RUN_CONCURRENCY = 16   # sessions streaming at once; the runs themselves go one at a time (RunQueue)
+# Tables in chat messages: headers break between words, never inside one, and a table wider
+# than its bubble scrolls.
+CSS = """
+#chat .message-content table { display: block; max-width: 100%; overflow-x: auto; }
+#chat .message-content th { word-break: normal; overflow-wrap: normal; hyphens: none; }
+"""
+# After an answer: bring the newest message into view (its top, when it is taller than the chat),
+# also when the user had scrolled the chat up, where streaming would not follow.
+SCROLL_JS = """() => { setTimeout(() => {
+  const wrap = document.querySelector('#chat .bubble-wrap');
+  const rows = wrap ? wrap.querySelectorAll('.message-row') : [];
+  if (!rows.length) return;
+  const last = rows[rows.length - 1];
+  const offset = last.getBoundingClientRect().top - wrap.getBoundingClientRect().top;
+  wrap.scrollTop = Math.min(wrap.scrollTop + offset - 8, wrap.scrollHeight - wrap.clientHeight);
+}, 150); }"""
 
 
 def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.Blocks:
@@ -40,13 +59,10 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
                     with gr.Column(scale=2):
                         code = gr.Code(label="Final kernel (ModelNew file for a module)", language="python", elem_id="kernel-code",
                                        interactive=False, lines=18, max_lines=30)
-                        download = gr.DownloadButton("Download the kernel file", elem_id="download", size="md")
-                        report = gr.Dataframe(_empty(REPORT_COLUMNS), label="Module report (after an upload)",
-                                              elem_id="report", interactive=False)
-                        times = gr.LinePlot(x="step", y="ms", color="series", label="Time per step (ms)",
-                                            caption="PyTorch eager and torch.compile are timed on a GPU only",
-                                            x_title="step", y_title="ms", elem_id="times",
-                                            value=_empty(TIME_COLUMNS))
+                        download = gr.DownloadButton("Download the kernel file", elem_id="download", size="md",
+                                                     interactive=False)   # until a run wrote one
+                        report = gr.HTML(REPORT_PLACEHOLDER, elem_id="report")
+                        times = gr.HTML(TIMES_PLACEHOLDER, elem_id="times")
                         roofline = gr.HTML(ROOFLINE_PLACEHOLDER, elem_id="roofline")
             with gr.Tab("History", id="history"):
                 with gr.Row():
@@ -62,7 +78,8 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
             with gr.Tab("Settings", id="settings"):
                 status = gr.Markdown(_status(defaults), elem_id="status")
                 target = gr.Dropdown(target_choices(), value=defaults.target, label="Target GPU profile")
-                max_steps = gr.Slider(0, 16, value=defaults.max_steps, step=1, label="Planner steps per run")
+                max_steps = gr.Slider(0, 16, value=defaults.max_steps, step=1, label="Planner steps per run",
+                                      elem_id="max-steps")
                 base_url = gr.Textbox(defaults.llm_base_url, label="LLM endpoint (OpenAI-compatible, optional)",
                                       placeholder="http://localhost:8000/v1")
                 model = gr.Textbox(defaults.llm_model, label="LLM model", placeholder="e.g. Qwen/Qwen2.5-Coder-7B-Instruct")
@@ -77,13 +94,20 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
                 out = {names[k]: v for k, v in update.items()}
                 if "chat" in update:
                     out[conversation] = update["chat"]
+                if "download" in update:
+                    out[download] = _download(update["download"])
                 yield out
 
+        # trigger_mode "multiple": a message sent during a run reaches Chat.respond, which queues
+        # it visibly (Gradio's default would drop it without a word).
         box.submit(respond, [box, conversation, thread, settings],
                    [chatbot, conversation, thread, box, code, download, times, roofline, report],
-                   api_name="chat", concurrency_limit=RUN_CONCURRENCY)
+                   api_name="chat", concurrency_limit=RUN_CONCURRENCY, trigger_mode="multiple"
+                   ).then(None, js=SCROLL_JS)
+
         def fresh():   # a new thread: follow-ups and why-questions start over
-            return [], [], "", None, None, _empty(TIME_COLUMNS), ROOFLINE_PLACEHOLDER, _empty(REPORT_COLUMNS)
+            return ([], [], uuid.uuid4().hex, None, _download(None), TIMES_PLACEHOLDER, ROOFLINE_PLACEHOLDER,
+                    REPORT_PLACEHOLDER)
 
         cleared = [chatbot, conversation, thread, code, download, times, roofline, report]
         new.click(fresh, None, cleared, api_name="new_conversation")
@@ -98,6 +122,8 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
         save.click(save_settings, [target, max_steps, base_url, model, api_key, settings], [settings, status],
                    api_name="save_settings")
         demo.load(lambda prefs: _status(Settings.from_dict(prefs)), settings, status, api_name=False)
+        # each page starts with its own conversation id, so two quick messages land in the same one
+        demo.load(lambda tid: tid or uuid.uuid4().hex, thread, thread, api_name=False)
 
         def search(q):
             rows, ids, text = history.search(q)
@@ -112,13 +138,13 @@ def _status(prefs: Settings) -> str:
     return status_markdown(prefs, services.availability())
 
 
-def _empty(columns: list[str]):
-    import pandas as pd
-    return pd.DataFrame(columns=columns)
+def _download(path: str | None):
+    """The download button holding `path`, usable only when there is one."""
+    return gr.update(value=path, interactive=bool(path))
 
 
 def launch_options(auth: list[tuple[str, str]] | None) -> dict:
     """Only the artifacts directory may be served as files; uploads are capped in size."""
-    return {"allowed_paths": [str(artifacts_dir())], "max_file_size": MAX_UPLOAD_BYTES,
+    return {"allowed_paths": [str(artifacts_dir())], "max_file_size": MAX_UPLOAD_BYTES, "css": CSS,
             "auth": auth or None, "auth_message": "MTMC Kernel Agent: sign in" if auth else None}
 

@@ -4,13 +4,17 @@ single kernel, nested), then the whole-module check and the report; plus the rep
 the pictures for the side panel."""
 from __future__ import annotations
 
+from html import escape
+
 import pandas as pd
 
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.ui.plots import kernel_point, time_table
 from mtmc.ui.steps import StepStream, final_text
+from mtmc.ui.text import plain
 
 REPORT_COLUMNS = ["group", "ops", "result", "correctness", "time after (ms)", "timing"]
+REPORT_PLACEHOLDER = "<p>The module report appears after an upload.</p>"
 
 
 def say(text: str, title: str | None = None) -> dict:
@@ -68,17 +72,42 @@ class ModuleStream:
             lines += [f"- stays PyTorch: `{t['op']}`: {t['why']}" for t in ev.get("torch_ops") or []]
             self._blocks.append(say("\n".join(lines)))
         elif kind == "module_check":
-            self._blocks.append(say(f"**Whole-module check:** {ev.get('status')}: {ev.get('reason', '')}"))
+            self._blocks.append(say(f"**Whole-module check:** {ev.get('status')}: {plain(ev.get('reason', ''))}"))
         elif kind == "module_time":
             self._blocks.append(say(f"**End to end:** ModelNew {ev.get('ours_ms')} ms, PyTorch eager "
                                     f"{ev.get('eager_ms')} ms, torch.compile {ev.get('compiled_ms')} ms"))
         elif kind in ("rejected", "final"):
             self.final = ev
-            self._blocks.append(say(final_text(ev.get("message", "")) if kind == "final" else ev.get("message", "")))
+            self._blocks.append(say(final_text(ev.get("message", "")) if kind == "final" else plain(ev.get("message", ""))))
+
+    def phase(self) -> str:
+        """What the module flow is doing now, in words (for a run that has been quiet a while)."""
+        if self.final is not None:
+            return "writing the answer"
+        if not self._blocks:
+            return ("capturing the module in a sandboxed child: importing it, building Model, running its "
+                    f"forward on fake tensors and tracing it (stopped after {_capture_timeout()})")
+        if not self.groups:
+            return "splitting the captured graph into fusion groups"
+        running = [f"group {gid}: {s.phase()}" for gid, s in self.groups.items()
+                   if self._heads[gid]["metadata"]["status"] == "pending"]
+        if running:
+            return "; ".join(running)
+        if not any(isinstance(b, dict) and "Whole-module check" in b["content"] for b in self._blocks):
+            return "checking the whole ModelNew against Model (the guard: sandboxed children, fresh inputs)"
+        return "timing ModelNew and writing the report"
 
     def time_table(self) -> pd.DataFrame:
         parts = [time_table(s.records, s.baselines, label=f"group {gid}") for gid, s in self.groups.items()]
         return pd.concat(parts, ignore_index=True) if parts else time_table([], None)
+
+
+def _capture_timeout() -> str:
+    try:
+        from mtmc.agents.module_flow import CAPTURE_TIMEOUT_S
+    except ImportError:
+        return "its timeout"
+    return f"{CAPTURE_TIMEOUT_S:g} s"
 
 
 def report_table(summary: dict) -> pd.DataFrame:
@@ -87,10 +116,26 @@ def report_table(summary: dict) -> pd.DataFrame:
         kernel = g["status"] == "kernel"
         t = g.get("time_after_ms")
         rows.append([g["id"], " -> ".join(g["ops"]),
-                     f"Triton {g['family']}/{g['op']}" if kernel else f"PyTorch ({g.get('reason', '')})",
+                     f"Triton {g['op']}" if kernel else f"PyTorch ({g.get('reason', '')})",
                      g.get("correctness") or "-", round(t, 5) if kernel and isinstance(t, (int, float)) else None,
                      "measured" if g.get("measured") else "estimate, no GPU"])
     return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+
+
+def report_html(table: pd.DataFrame) -> str:
+    """The report table as HTML that fits its panel: cells wrap between words (a header never
+    inside one), and a panel too narrow for even that scrolls instead of cutting columns off."""
+    if table.empty:
+        return REPORT_PLACEHOLDER
+    cell = "padding:4px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
+    head = "".join(f'<th style="{cell};word-break:normal;overflow-wrap:normal">{escape(c)}</th>' for c in table.columns)
+    rows = "".join("<tr>" + "".join(f'<td style="{cell};overflow-wrap:break-word">'
+                                     f'{"" if v is None or v != v else escape(str(v))}</td>' for v in row) + "</tr>"
+                   for row in table.itertuples(index=False))
+    return (f'<div class="mtmc-report" style="overflow-x:auto;max-width:100%">'
+            f'<div style="font-size:var(--block-label-text-size);margin-bottom:4px">Module report</div>'
+            f'<table style="width:100%;border-collapse:collapse;font-size:13px"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{rows}</tbody></table></div>')
 
 
 def roofline_points(summary: dict, profile: HardwareProfile) -> list[dict]:

@@ -1,6 +1,6 @@
-"""Pictures of a run: time per step against PyTorch eager and torch.compile (a table for
-gr.LinePlot), and a roofline placing the final kernel (an SVG: log-log axes, no plotting library
-needed)."""
+"""Pictures of a run, as SVG (no plotting library needed): time per step against PyTorch eager
+and torch.compile (one line per series, a dot per step, so one step shows too; whole-step ticks,
+rounded labels on a linear axis), and a roofline placing the final kernel (log-log axes)."""
 from __future__ import annotations
 
 import math
@@ -30,6 +30,74 @@ def time_table(records: list[dict], baselines: dict | None, label: str = "kernel
         if isinstance(ms, (int, float)) and ms > 0:
             rows += [(s, ms, name if label == "kernel" else f"{label}: {name}") for s in steps]
     return pd.DataFrame(rows, columns=TIME_COLUMNS)
+
+
+TIMES_PLACEHOLDER = "<p class=\"mtmc-times-empty\">Time per step appears as the steps are verified.</p>"
+TIMES_NOTE = "PyTorch eager and torch.compile are timed on a GPU only."
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
+TW, TH, T_LEFT, T_RIGHT, T_TOP, T_BOTTOM = 640, 300, 70, 20, 30, 50
+
+
+def nice_ticks(lo: float, hi: float, most: int = 6) -> tuple[list[float], int]:
+    """Round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k) and the decimals their
+    labels need."""
+    if hi <= lo:
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / (most - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return [round(i * step, decimals) for i in range(first, last + 1)], decimals
+
+
+def time_svg(table: pd.DataFrame, note: str = TIMES_NOTE) -> str:
+    """The time-per-step table (time_table) as a line plot: one line per series, a dot per step."""
+    if table is None or table.empty:
+        return TIMES_PLACEHOLDER
+    series = list(dict.fromkeys(table["series"]))
+    steps = sorted({int(s) for s in table["step"]})
+    values = [float(v) for v in table["ms"]]
+    y_ticks, decimals = nice_ticks(min(values), max(values))
+    y_lo, y_hi = y_ticks[0], y_ticks[-1]
+    x_lo, x_hi = steps[0] - 0.5, steps[-1] + 0.5
+    stride = max(1, math.ceil(len(range(steps[0], steps[-1] + 1)) / 12))
+    x_ticks = list(range(steps[0], steps[-1] + 1, stride))
+
+    def sx(x):
+        return T_LEFT + (x - x_lo) / (x_hi - x_lo) * (TW - T_LEFT - T_RIGHT)
+
+    def sy(y):
+        return TH - T_BOTTOM - (y - y_lo) / (y_hi - y_lo) * (TH - T_TOP - T_BOTTOM)
+
+    height = TH + 18 * len(series) + 10
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {TW} {height}" width="100%" '
+           f'style="max-width:{TW}px;font-family:sans-serif;font-size:11px" class="mtmc-times">',
+           f'<text x="{T_LEFT}" y="18" font-size="13">Time per step (ms)</text>',
+           f'<rect x="{T_LEFT}" y="{T_TOP}" width="{TW - T_LEFT - T_RIGHT}" height="{TH - T_TOP - T_BOTTOM}" '
+           'fill="none" stroke="#bbb"/>']
+    for t in y_ticks:
+        out.append(f'<line x1="{T_LEFT}" y1="{sy(t):.1f}" x2="{TW - T_RIGHT}" y2="{sy(t):.1f}" stroke="#eee"/>'
+                   f'<text class="y-tick" x="{T_LEFT - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{t:.{decimals}f}</text>')
+    for t in x_ticks:
+        out.append(f'<text class="x-tick" x="{sx(t):.1f}" y="{TH - T_BOTTOM + 16}" text-anchor="middle">{t}</text>')
+    out.append(f'<text x="{(T_LEFT + TW - T_RIGHT) / 2}" y="{TH - T_BOTTOM + 34}" text-anchor="middle">step</text>'
+               f'<text transform="translate(16,{(T_TOP + TH - T_BOTTOM) / 2}) rotate(-90)" text-anchor="middle">ms</text>')
+    for i, name in enumerate(series):
+        colour = COLOURS[i % len(COLOURS)]
+        rows = sorted((int(r.step), float(r.ms)) for r in table[table["series"] == name].itertuples())
+        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in rows)
+        out.append(f'<g class="series" data-series="{escape(name)}">'
+                   f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>')
+        out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{colour}" data-step="{x}" data-ms="{y:.6g}">'
+                f'<title>{escape(name)}, step {x}: {y:.4g} ms</title></circle>' for x, y in rows]
+        legend_y = TH + 18 * i
+        out.append(f'</g><line x1="{T_LEFT}" y1="{legend_y - 4}" x2="{T_LEFT + 18}" y2="{legend_y - 4}" '
+                   f'stroke="{colour}" stroke-width="3"/><text class="legend" x="{T_LEFT + 24}" y="{legend_y}">'
+                   f'{escape(name)}</text>')
+    out.append("</svg>")
+    return "".join(out) + (f'<p style="font-size:12px;margin:0">{escape(note)}</p>' if note else "")
 
 
 def kernel_point(spec: dict, time_ms: float, profile: HardwareProfile, measured: bool, name: str = "final kernel") -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from typing import Callable, Iterator
 
 
@@ -56,19 +57,23 @@ class RunQueue:
 
 
 def run_in_line(line: RunQueue, job: Callable[[Callable[[dict], None]], object],
-                poll_s: float = 0.5) -> Iterator[tuple[str, object]]:
+                poll_s: float = 0.5, tick_s: float | None = None) -> Iterator[tuple[str, object]]:
     """Run `job(on_event)` in a worker thread when its turn comes; yield what happens:
     ("wait", runs ahead) while waiting, ("event", ev) as the job reports, then ("done", result)
-    or ("error", exception).  Closing the iterator while waiting gives the place up; once started
-    the job finishes (a verification in flight cannot be taken back) and then frees the line."""
+    or ("error", exception); with tick_s, also ("tick", seconds since it started) every tick_s
+    while it runs, so a caller can say that a quiet run is still working.  Closing the iterator
+    while waiting gives the place up; once started the job finishes (a verification in flight
+    cannot be taken back) and then frees the line."""
     ticket = line.join()
     inbox: queue.Queue = queue.Queue()
     started = threading.Event()
+    began: list[float] = []
 
     def work():
         try:
             if not line.wait_turn(ticket):
                 return
+            began.append(time.monotonic())
             started.set()
             inbox.put(("done", job(lambda ev: inbox.put(("event", ev)))))
         except Exception as exc:  # shown in the chat; the app keeps serving
@@ -78,12 +83,18 @@ def run_in_line(line: RunQueue, job: Callable[[Callable[[dict], None]], object],
                 line.leave(ticket)
 
     threading.Thread(target=work, daemon=True, name=f"mtmc-run-{ticket}").start()
-    last_ahead = None
+    last_ahead, last_tick = None, 0.0
     try:
         while True:
             try:
                 item = inbox.get(timeout=poll_s)
             except queue.Empty:
+                now = time.monotonic()
+                if started.is_set():
+                    if tick_s is not None and now - last_tick >= tick_s:
+                        last_tick = now
+                        yield "tick", now - began[0]
+                    continue
                 ahead = line.ahead(ticket)
                 if not started.is_set() and ahead > 0 and ahead != last_ahead:
                     last_ahead = ahead

@@ -9,6 +9,7 @@ from mtmc.agents.finalizer import timing_line
 from mtmc.agents.report import resources_line
 from mtmc.policy.actions import Action
 from mtmc.ui.plots import time_table
+from mtmc.ui.text import plain
 
 ORIGIN_WORDS = {"template": "first draft (template)", "given": "first draft (given config)",
                 "memory": "first draft (from memory)",
@@ -56,7 +57,7 @@ def verdict_md(verdict: dict, baselines: dict | None) -> str:
     compile_line = f"- Compile for {target}: {res}" if res else ""
     if not verdict.get("ok"):
         lines = [f"**Verdict:** failed at {verdict.get('stage')}: `{verdict.get('kind')}`",
-                 f"- {str(verdict.get('detail', ''))[:600]}", compile_line]
+                 f"- {plain(str(verdict.get('detail', ''))[:600])}", compile_line]
         return "\n".join(l for l in lines if l)
     corr = verdict.get("correctness") or {}
     err = corr.get("max_rel_err")
@@ -112,7 +113,17 @@ def intake_text(description: str, assumptions: list[str], retrieved: int | None)
 
 def final_text(message: str) -> str:
     head, _, rest = message.partition("\n")
-    return f"**{head}**\n" + "\n".join(f"- {line}" for line in rest.splitlines() if line.strip())
+    return f"**{plain(head)}**\n" + "\n".join(f"- {plain(line)}" for line in rest.splitlines() if line.strip())
+
+
+def suggested_questions(steps: list[int], stopped: bool) -> list[str]:
+    """Why-questions this run's records can answer: its last step, and its stop when the
+    planner stopped on its own (offline runs often stop at step 0, so never a step it lacks)."""
+    return ([f"why step {steps[-1]}?"] if steps else []) + (["why did you stop?"] if stopped else [])
+
+
+def suggestion_line(questions: list[str]) -> str:
+    return "Ask " + " or ".join(f"*{q}*" for q in questions) + " to see the reasons." if questions else ""
 
 
 class StepStream:
@@ -132,6 +143,7 @@ class StepStream:
         self._decision: dict | None = None        # the next code event's decision
         self._intake: int | None = None
         self._understood: tuple[str, list[str]] = ("", [])
+        self.stopped = False                      # the planner stopped on its own
 
     def feed(self, ev: dict) -> None:
         handler = getattr(self, f"_on_{ev.get('event')}", None)
@@ -150,11 +162,12 @@ class StepStream:
             self.messages[self._intake]["content"] = intake_text(*self._understood, ev.get("count", 0))
 
     def _on_unsupported(self, ev):
-        self.messages.append(self._assistant(ev.get("message", ""), "Not supported"))
+        self.messages.append(self._assistant(plain(ev.get("message", "")), "Not supported"))
 
     def _on_plan(self, ev):
         decision = {k: v for k, v in ev.items() if k not in ("event", "step")}
         if (ev.get("action") or {}).get("kind") == "stop":
+            self.stopped = True
             self.messages.append(stop_message(decision, self.prefix))
         else:
             self._decision = decision
@@ -202,7 +215,24 @@ class StepStream:
 
     def _on_final(self, ev):
         self.final = ev
-        self.messages.append(self._assistant(final_text(ev.get("message", "")), "Result"))
+        text = final_text(ev.get("message", ""))
+        if ev.get("status") == "done" and not self.prefix:   # a module's groups are asked about by group
+            text += "\n\n" + suggestion_line(suggested_questions([r["step"] for r in self.records], self.stopped))
+        self.messages.append(self._assistant(text.rstrip(), "Result"))
+
+    def phase(self) -> str:
+        """What the run is doing now, in words (for a run that has been quiet for a while)."""
+        if self.final is not None:
+            return "writing the answer"
+        if self._open:
+            step = max(self._open)
+            return (f"verifying step {step}: compiling it for the target GPU and checking it against "
+                    "PyTorch in a sandboxed child (and timing it, on a GPU)")
+        if self.records:
+            return f"the planner is choosing the move after step {self.records[-1]['step']}"
+        if self.spec is not None:
+            return "looking up similar past runs and writing the first draft"
+        return "reading the request"
 
     def time_table(self):
         return time_table(self.records, self.baselines)
