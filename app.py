@@ -21,8 +21,10 @@ def main(argv: list[str] | None = None) -> None:
         if value is not None:
             os.environ[env] = str(value)
 
+    from mtmc.tools.isolation import status
     from mtmc.ui.layout import build_app, launch_options
     from mtmc.ui.settings import auth_from_env
+    print(status().line(), flush=True)   # uploads run only in an OS-level sandbox, or not at all
     options = launch_options(auth_from_env())
     build_app().queue().launch(server_name=args.host, server_port=args.port, **options)
 

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from bench.record import Results, run_meta
+from mtmc.tools.isolation import Confinement
 from mtmc.tools.sandbox import run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +219,8 @@ def job_outcome(result: dict) -> dict:
 def run_eval(task: Task, new_path: Path, device: str, trials: int, timeout_s: float) -> dict:
     job = {"kind": "module_eval", "path": str(task.path), "new_path": str(new_path.resolve()), "device": device,
            "trials": trials, "time": True}
-    return job_outcome(run_job(job, timeout_s, memory_mb=CPU_MEMORY_MB, interpret=device == "cpu"))
+    confine = Confinement(ro=[str(task.path), str(new_path.resolve())], gpu=device != "cpu")
+    return job_outcome(run_job(job, timeout_s, memory_mb=CPU_MEMORY_MB, interpret=device == "cpu", confine=confine))
 
 
 class BaselineCache:
@@ -251,7 +253,7 @@ def reusable(entry: dict | None, timeout_s: float) -> bool:
 
 def measure_baseline(task: Task, mode: str, timeout_s: float) -> dict:
     r = job_outcome(run_job({"kind": "module_baseline", "path": str(task.path), "mode": mode, "device": "cuda"},
-                            timeout_s, interpret=False))
+                            timeout_s, interpret=False, confine=Confinement(ro=[str(task.path)], gpu=True)))
     if r["status"] == "ok" and r.get("ms") is None:
         r["status"] = "failed"   # torch.compile raised: a fact about the baseline
     return {**r, "timeout_s": timeout_s}

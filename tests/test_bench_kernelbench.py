@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import kernelbench as kb
+from mtmc.tools.isolation import Confinement
 from mtmc.tools.sandbox import run_job
 
 TINY = Path(__file__).parent / "kernelbench_tiny"
@@ -82,7 +83,7 @@ def _eval(tmp_path, forward: str) -> dict:
     new = tmp_path / "new.py"
     new.write_text(task.read_text() + f"\n\nclass ModelNew(Model):\n    def forward(self, x):\n        return {forward}\n")
     r = run_job({"kind": "module_eval", "path": str(task), "new_path": str(new), "device": "cpu"}, 120,
-                memory_mb=kb.CPU_MEMORY_MB, interpret=True)
+                memory_mb=kb.CPU_MEMORY_MB, interpret=True, confine=Confinement(ro=[str(task), str(new)]))
     assert r["status"] == "ok", r
     return r["result"]
 

@@ -625,3 +625,16 @@ def test_capture_does_not_hold_every_intermediate_tensor(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["nodes"] == 12
     assert out["rss_mb"] < 2200, out  # torch + ~4 live 256 MB tensors; holding all ten is > 3000
+
+
+def test_capturing_in_this_process_keeps_its_network():
+    """capture() itself must not cut the network: only the sandboxed child's job does. A test
+    that captured in-process once broke every later test that talks to a local server."""
+    import socket
+    capture(str(MODULES / "elementwise_chain.py"))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname(), timeout=5)
+    client.close()
+    server.close()

@@ -137,18 +137,24 @@ def test_crash_is_contained_as_crashed(verdict_of, cheat, why):
     assert run_job({"kind": "ping"}, timeout_s=60)["status"] == "ok"
 
 
-def test_inputs_are_fresh_and_varied_on_every_run(scale_relu, tmp_path):
+def _shared_dir(ref) -> str:
+    """A directory the reference's session can write (inside its exchange directory)."""
+    from mtmc.tools.isolation import give_to_sandbox
+    d = Path(tempfile.mkdtemp(dir=ref.exchange))
+    give_to_sandbox(d)
+    return str(d)
+
+
+def test_inputs_are_fresh_and_varied_on_every_run(scale_relu):
     from mtmc.tools.guard.exchange import receive
     with run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S) as again:
         assert scale_relu.variants == again.variants == list(VARIANTS)
         for i in range(len(VARIANTS)):
-            a = scale_relu.call("reference_variant", index=i, dir=str(tmp_path))
-            b = again.call("reference_variant", index=i, dir=str(tmp_path))
+            a = scale_relu.call("reference_variant", index=i, dir=_shared_dir(scale_relu))
+            b = again.call("reference_variant", index=i, dir=_shared_dir(again))
             assert a["variant"] == VARIANTS[i] and a["inputs_fingerprint"] != b["inputs_fingerprint"]
-        (tmp_path / "a").mkdir()
-        (tmp_path / "b").mkdir()
-        state_a = receive(scale_relu.call("reference_state", dir=str(tmp_path / "a"))["payload"])
-        state_b = receive(again.call("reference_state", dir=str(tmp_path / "b"))["payload"])
+        state_a = receive(scale_relu.call("reference_state", dir=_shared_dir(scale_relu))["payload"])
+        state_b = receive(again.call("reference_state", dir=_shared_dir(again))["payload"])
     assert not torch.equal(state_a["state"]["weight"], state_b["state"]["weight"])  # fresh parameters too
     assert not again.session.alive and not again.exchange.exists()
 

@@ -36,6 +36,7 @@ from mtmc.kernels.module_file import ModuleFileError, check_file
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
 from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
+from mtmc.tools.isolation import Confinement, IsolationUnavailable
 from mtmc.tools.sandbox import run_job
 from mtmc.tools.verify import gpu_available
 
@@ -64,7 +65,11 @@ def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb:
     when the upload cannot be captured."""
     name = os.path.basename(path)
     memory_mb = capture_memory_mb() if memory_mb is None else memory_mb
-    result = run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s, memory_mb=memory_mb)
+    try:
+        result = run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s,
+                         memory_mb=memory_mb, confine=Confinement(ro=[path]))
+    except IsolationUnavailable as e:
+        raise Rejected(f"{name}: {e}") from None
     status = result.get("status")
     phase = PHASES.get(last_phase(result.get("stderr_tail") or "") or "", "loading it")
     if status == "timed_out":
@@ -308,7 +313,7 @@ def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict
 
 
 def time_in_child(path: str, timeout_s: float) -> dict:
-    result = run_job({"kind": "module_time", "path": os.path.abspath(path), "device": "cuda"},
+    result = run_job({"kind": "module_time", "path": os.path.abspath(path), "device": "cuda"}, confine=Confinement(ro=[path]),
                      timeout_s=timeout_s, interpret=False)
     if result.get("status") == "ok":
         return result["result"]

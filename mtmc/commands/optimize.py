@@ -9,6 +9,7 @@ from mtmc.agents.context import Context
 from mtmc.agents.module_flow import optimize_module, plan_module
 from mtmc.agents.runner import print_event
 from mtmc.commands import known_target
+from mtmc.tools import isolation
 from mtmc.tools.machine import gib
 
 
@@ -58,6 +59,7 @@ def print_plan(plan: dict, out) -> None:
 
 def cmd_plan(args) -> int:
     log = sys.stderr if args.json else sys.stdout
+    print(isolation.status().line(), file=sys.stderr)
     plan = plan_module(args.model, on_event=lambda ev: print_module_event(ev, log))
     print_plan(plan, log)
     if args.json:
@@ -75,6 +77,7 @@ def cmd_optimize(args) -> int:
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout)
     log = sys.stderr if args.json else sys.stdout
+    print(isolation.status().line(), file=sys.stderr)
     summary = optimize_module(args.model, ctx, args.out, args.report, on_event=lambda ev: print_module_event(ev, log))
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "report"}, indent=2, default=str))

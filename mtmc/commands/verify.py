@@ -7,6 +7,7 @@ import json
 import sys
 
 from mtmc.kernels.module_file import ModuleFileError, check_file
+from mtmc.tools import isolation
 from mtmc.tools.guard import format_verdict, verify
 from mtmc.tools.guard.verifier import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 
@@ -19,7 +20,13 @@ def cmd_verify(args) -> int:
             print(f"mtmc verify: {exc}", file=sys.stderr)
             return 2
     device = None if args.device == "auto" else args.device
-    verdict = verify(args.reference, args.candidate, device=device, timeout_s=args.timeout, memory_mb=args.memory_mb)
+    print(isolation.status().line(), file=sys.stderr)
+    try:
+        verdict = verify(args.reference, args.candidate, device=device, timeout_s=args.timeout,
+                         memory_mb=args.memory_mb)
+    except isolation.IsolationUnavailable as e:
+        print(f"mtmc verify: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(verdict, indent=2, default=str) if args.json else format_verdict(verdict))
     if verdict["outcome"] == "invalid reference":
         return 2

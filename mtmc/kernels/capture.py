@@ -497,8 +497,6 @@ def _refuse_if_too_big(failure: UploadError, learned: dict) -> None:
 
 def capture(path: str) -> dict:
     """Import, build, run and trace the module in `path` (see the module doc for the result)."""
-    from mtmc.tools.offline import block_network
-    block_network()
     path = os.path.abspath(path)
     module = load_upload(path)
     learned: dict[str, int] = {}
@@ -515,7 +513,10 @@ def capture(path: str) -> dict:
 
 def capture_job(job: dict) -> dict:
     """Worker handler: {"kind": "capture", "path": FILE} -> capture(FILE), or an upload error
-    as {"upload_error": message} (a verdict on the file, not a crash of the job)."""
+    as {"upload_error": message} (a verdict on the file, not a crash of the job).  The child
+    loses the network first (here, not in capture(): a trusted caller keeps its own)."""
+    from mtmc.tools.offline import block_network
+    block_network()
     try:
         return capture(job["path"])
     except UploadError as e:

@@ -22,7 +22,11 @@ import sys
 import tempfile
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from mtmc.tools import isolation
+from mtmc.tools.isolation import Confinement
 
 _KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
          "OMP_NUM_THREADS"}
@@ -103,6 +107,14 @@ def _parse_result(stdout: str) -> dict | None:
     return result if isinstance(result, dict) and "status" in result else None
 
 
+def _status(returncode: int | None) -> int | None:
+    """The worker's exit status as Popen would give it without bubblewrap in between: bubblewrap
+    exits with 128 + N when the sandboxed worker died of signal N."""
+    if returncode is not None and 128 < returncode < 128 + 65:
+        return -(returncode - 128)
+    return returncode
+
+
 def _exit_detail(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -140,23 +152,48 @@ def _verdict(stdout: bytes | None, returncode: int | None, timeout_s: float, tai
     return result
 
 
-def _spawn(argv_tail: list[str], scratch: Path, stderr, env: dict, limits) -> subprocess.Popen:
-    """Start `python -m mtmc.tools.worker ARGS` in its own process group and scratch directory:
-    the one place children are started, so stronger isolation can wrap it."""
-    return subprocess.Popen([sys.executable, "-m", "mtmc.tools.worker", *argv_tail], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, cwd=scratch, env=env, start_new_session=True,
-                            preexec_fn=limits)
+def _spawn(argv_tail: list[str], scratch: Path, stderr, env: dict, limits, confine: Confinement | None,
+           untrusted: bool) -> subprocess.Popen:
+    """Start `python -m mtmc.tools.worker ARGS` in its own process group and scratch directory,
+    inside bubblewrap (tools.isolation) wherever it works: the one place children are started.
+    untrusted: the child runs uploaded code, which is refused when it cannot be isolated."""
+    argv = [sys.executable, "-m", "mtmc.tools.worker", *argv_tail]
+    fd = None
+    if isolation.require(untrusted):
+        confine = confine or isolation.Confinement()
+        for path in [scratch, *confine.rw, *([confine.shm] if confine.shm else [])]:
+            isolation.give_to_sandbox(path, confine.user)
+        fd = isolation.seccomp_fd(scratch)
+        argv = isolation.command(argv, scratch, confine, fd)
+    try:
+        # bubblewrap's --die-with-parent follows the *thread* that started it (PR_SET_PDEATHSIG):
+        # start every child from one thread that lives as long as this process
+        return _SPAWNER.submit(subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=stderr, cwd=scratch, env=env, start_new_session=True, preexec_fn=limits,
+                                 pass_fds=(fd,) if fd is not None else ()).result()
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
-def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret: bool | None = None) -> dict:
+# its one thread starts on the first child and stays for the life of the process
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="mtmc-spawner")
+
+
+def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret: bool | None = None,
+            confine: Confinement | None = None, untrusted: bool = True) -> dict:
     """Run one worker job (see tools.worker for the kinds) in a sandboxed child process.
 
     memory_mb caps the address space, and only for jobs that use no GPU (CUDA reserves far more
     virtual memory than it uses).  interpret: True sets TRITON_INTERPRET=1, False unsets it,
     None picks by the job (see default_interpret).  Every result has "status", "wall_s" and
-    "stderr_tail" (the child's last stderr lines: warnings, prints, a segfault's traceback)."""
+    "stderr_tail" (the child's last stderr lines: warnings, prints, a segfault's traceback).
+    confine: what the child may see beyond the basics (tools.isolation); a job on the GPU gets
+    the GPU.  untrusted=False (code we generated) runs even where isolation is unavailable."""
     if interpret is None:
         interpret = default_interpret(job)
+    confine = confine or Confinement()
+    confine.gpu = confine.gpu or uses_gpu(job)
     scratch = Path(tempfile.mkdtemp(prefix="mtmc-job-"))
     stderr_path = scratch / "stderr.log"
     start = time.monotonic()
@@ -164,10 +201,10 @@ def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret
         # stderr goes to a file: a chatty candidate cannot fill a pipe or the parent's memory.
         with open(stderr_path, "wb") as err:
             proc = _spawn([], scratch, err, child_env(interpret=interpret),
-                          _limits(timeout_s, None if uses_gpu(job) else memory_mb))
+                          _limits(timeout_s, None if uses_gpu(job) else memory_mb), confine, untrusted)
             stdout = _communicate(proc, job, timeout_s)
         tail = _tail_from(stderr_path, 0)
-        result = _verdict(stdout, proc.returncode, timeout_s, tail)
+        result = _verdict(stdout, _status(proc.returncode), timeout_s, tail)
         result.update(wall_s=time.monotonic() - start, stderr_tail=tail)
         return result
     finally:
@@ -185,13 +222,19 @@ class Session:
     (or use it as a context manager): the process group is killed and its scratch removed; the
     same happens when the parent exits."""
 
-    def __init__(self, interpret: bool | None = False, memory_mb: int | None = None, name: str = "worker"):
+    def __init__(self, interpret: bool | None = False, memory_mb: int | None = None, name: str = "worker",
+                 confine: Confinement | None = None, untrusted: bool = True):
         self.name = name
         self.scratch = Path(tempfile.mkdtemp(prefix=f"mtmc-{name}-"))
         self._stderr_path = self.scratch / "stderr.log"
         self._err = open(self._stderr_path, "wb")
-        self.proc = _spawn(["--serve"], self.scratch, self._err, child_env(interpret=interpret),
-                           _limits(SESSION_CPU_S, memory_mb))
+        try:
+            self.proc = _spawn(["--serve"], self.scratch, self._err, child_env(interpret=interpret),
+                               _limits(SESSION_CPU_S, memory_mb), confine, untrusted)
+        except BaseException:
+            self._err.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         self._buffer = b""
         self.dead: dict | None = None
         self.calls = 0
@@ -220,8 +263,8 @@ class Session:
         elif not line:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
-            result = {"status": "crashed", "returncode": self.proc.returncode,
-                      "detail": f"worker {_exit_detail(self.proc.returncode or 0)}"}
+            code = _status(self.proc.returncode)
+            result = {"status": "crashed", "returncode": code, "detail": f"worker {_exit_detail(code or 0)}"}
         else:
             result = _parse_result(line.decode("utf-8", "replace")) or {
                 "status": "crashed", "returncode": None, "detail": "the worker printed something that is no result"}

@@ -378,7 +378,7 @@ def _compile_in_child(source: str, spec: KernelSpec, dims: dict | None, profile:
     from mtmc.tools.sandbox import run_job
     job = {"kind": "compile", "spec": spec.to_dict(), "source": source, "dims": dict(dims or spec.dims),
            "profile": profile.to_dict()}
-    r = run_job(job, CHILD_TIMEOUT_S, interpret=False)
+    r = run_job(job, CHILD_TIMEOUT_S, interpret=False, untrusted=False)
     if r["status"] == "ok":
         return report_from_dict(r["result"])
     if r["status"] == "error":

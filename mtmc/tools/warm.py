@@ -16,6 +16,7 @@ import atexit
 import re
 import threading
 
+from mtmc.tools.isolation import Confinement
 from mtmc.tools.sandbox import Session
 
 CPU_MEMORY_MB = 8192
@@ -36,7 +37,9 @@ class WorkerPool:
             session = self._sessions.get(kind)
             if session is None or not session.alive:
                 interpret, memory_mb = _KINDS[kind]
-                session = self._sessions[kind] = Session(interpret=interpret, memory_mb=memory_mb, name=f"draft-{kind}")
+                # drafts are our templates' code: isolated where possible, run plainly where not
+                session = self._sessions[kind] = Session(interpret=interpret, memory_mb=memory_mb, name=f"draft-{kind}",
+                                                         confine=Confinement(gpu=kind == "gpu"), untrusted=False)
             result = session.call(job, timeout_s)
             text = f"{result.get('error_type', '')} {result.get('message', '')}"
             if result["status"] == "error" and _BROKEN_CONTEXT.search(text):

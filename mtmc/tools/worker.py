@@ -160,7 +160,10 @@ def run(job: dict) -> dict:
 
 def _private_stdout():
     """Only our results may reach stdout: keep the real stdout on a private fd and point fd 1
-    (and sys.stdout) at stderr, so candidate prints, C-level ones included, go there."""
+    (and sys.stdout) at stderr, so candidate prints, C-level ones included, go there.  In a
+    sandbox started by root, first become the sandbox user (tools.isolation)."""
+    from mtmc.tools.isolation import drop_privileges
+    drop_privileges()
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -68,13 +68,21 @@ def llm_status(settings: Settings) -> str:
             f"parsing, planning and coding stay deterministic")
 
 
+def isolation_status() -> str:
+    """Whether uploaded modules run in an OS-level sandbox here (tools.isolation), in words."""
+    from mtmc.tools.isolation import status
+    st = status()
+    return st.line().replace("isolation: on", "Isolation: **on**").replace("isolation: OFF", "Isolation: **OFF**")
+
+
 def status_markdown(settings: Settings, parts: dict[str, str]) -> str:
     """Everything a user needs to know about what will happen on this machine."""
     try:
         target = resolve(settings.target).name + (" (auto)" if settings.target == "auto" else "")
     except ValueError as exc:
         target = f"unknown ({exc})"
-    lines = [f"- {gpu_status()}", f"- Target profile: **{target}**; at most {settings.max_steps} planner steps per run",
+    lines = [f"- {gpu_status()}", f"- {isolation_status()}",
+             f"- Target profile: **{target}**; at most {settings.max_steps} planner steps per run",
              f"- {llm_status(settings)}"]
     lines += [f"- {name}: {state}" for name, state in parts.items()]
     return "\n".join(lines)

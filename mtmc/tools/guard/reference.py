@@ -160,12 +160,23 @@ def _mode(model) -> tuple[str, list]:
     raise ValueError("Model gives different outputs on the same inputs even in eval mode: nothing can be checked")
 
 
+def _not_dumpable() -> None:
+    """A candidate running under the same uid (on a GPU the two sessions share a PID namespace
+    for CUDA IPC) must not read this process's memory through /proc/PID/mem."""
+    import ctypes
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+
+
 def open_job(job: dict) -> dict:
     import torch
 
     from mtmc.kernels.loader import load_file
     from mtmc.tools.offline import block_network
     block_network()
+    _not_dumpable()
     _RUN.clear()
     device = job.get("device", "cpu")
     module = load_file(job["path"], f"mtmc_reference_{os.getpid()}")

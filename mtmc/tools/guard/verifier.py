@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtmc.tools.guard import checks as C
+from mtmc.tools.isolation import SANDBOX_UID, Confinement, fresh_uid, give_to_sandbox, kill_uid
 from mtmc.tools.sandbox import Session
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -52,6 +53,7 @@ class ReferenceRun:
     notes: list
     mode: str = "train"   # "eval" when Model is random in training mode
     timeout_s: float = DEFAULT_TIMEOUT_S
+    uid: int | None = None   # the sessions' own uid on a GPU run (tools.isolation.fresh_uid)
     extra: dict = field(default_factory=dict)
 
     def call(self, kind: str, timeout_s: float | None = None, **job) -> dict:
@@ -62,6 +64,7 @@ class ReferenceRun:
 
     def close(self) -> None:
         self.session.close()
+        kill_uid(self.uid)   # anything a candidate left running under the check's uid
         shutil.rmtree(self.exchange, ignore_errors=True)
 
     def __enter__(self):
@@ -84,16 +87,32 @@ def _job_failure(result: dict) -> str:
     return f"{result.get('error_type')}: {result.get('message', '')}"
 
 
+def _confinement(path: str, shared: Path, exchange: Path, device: str, uid: int | None) -> Confinement:
+    """What a guard session sees: its module file, the directory it shares with the other session,
+    and on a GPU: the GPU, one /dev/shm for both (CUDA IPC's reference counts live there) and the
+    host's PID namespace (CUDA IPC handles cannot cross PID namespaces), under the check's own uid."""
+    if device != "cuda":
+        return Confinement(ro=[path], rw=[str(shared)])
+    shm = exchange / "shm"
+    shm.mkdir(exist_ok=True)
+    return Confinement(ro=[path], rw=[str(shared)], gpu=True, shm=str(shm), share_pid=True, uid=uid)
+
+
 def run_reference(path: str | Path, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                   memory_mb: int | None = DEFAULT_MEMORY_MB, max_elems: int | None = None) -> ReferenceRun:
     """Model in a sandboxed session, ready to check candidates against; max_elems cuts the
     inputs along dim 0 (for Triton's interpreter) where Model accepts the smaller batch."""
     device = device or default_device()
     path = str(Path(path).resolve())
-    session = Session(interpret=device == "cpu", memory_mb=None if device == "cuda" else memory_mb,
-                      name="guard-reference")
     exchange = Path(tempfile.mkdtemp(prefix="mtmc-guard-"))
-    ref = ReferenceRun(path, device, session, exchange, [], [], timeout_s=timeout_s)
+    uid = fresh_uid() if device == "cuda" else None
+    try:
+        session = Session(interpret=device == "cpu", memory_mb=None if device == "cuda" else memory_mb,
+                          name="guard-reference", confine=_confinement(path, exchange, exchange, device, uid))
+    except BaseException:
+        shutil.rmtree(exchange, ignore_errors=True)
+        raise
+    ref = ReferenceRun(path, device, session, exchange, [], [], timeout_s=timeout_s, uid=uid)
     try:
         opened = ref.call("reference_open", path=path, device=device, time=device == "cuda", max_elems=max_elems)
     except ReferenceFailed:
@@ -198,14 +217,24 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
                     memory_mb: int | None = DEFAULT_MEMORY_MB) -> dict:
     path = str(Path(path).resolve())
     directory = Path(tempfile.mkdtemp(prefix="check-", dir=ref.exchange))
-    cand = Session(interpret=ref.device == "cpu", memory_mb=None if ref.device == "cuda" else memory_mb,
-                   name="guard-candidate")
+    give_to_sandbox(directory, ref.uid or SANDBOX_UID)   # the reference session writes its inputs there too
+    try:
+        cand = Session(interpret=ref.device == "cpu", memory_mb=None if ref.device == "cuda" else memory_mb,
+                       name="guard-candidate",
+                       confine=_confinement(path, directory, ref.exchange, ref.device, ref.uid))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     base = {"reference": ref.path, "candidate": path, "device": ref.device,
             "mode": "GPU" if ref.device == "cuda" else "Triton interpreter on CPU tensors",
             "variants": ref.variants, "notes": list(ref.notes)}
     try:
         obs, metas, judged, timed, notes, why = _run_trials(ref, cand, path, str(directory), timeout_s)
     except ReferenceFailed as e:
+        if not ref.session.alive:   # it died while the candidate ran beside it: the candidate's doing
+            return {**base, "outcome": "crashed", "accepted": False, "trials": [], "max_abs_err": None,
+                    "rel_err": None, "tol_ratio": None, "timing": None,
+                    "checks": [C.check("runs", False, f"the reference's session died during this check: {e}")]}
         return {**base, "outcome": "invalid reference", "accepted": False, "checks": [C.check("reference", False, str(e))],
                 "trials": [], "max_abs_err": None, "rel_err": None, "tol_ratio": None, "timing": None}
     except _CandidateStopped as stop:
