@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench.record import Results, run_meta
 from mtmc.tools.isolation import Confinement
-from mtmc.tools.sandbox import run_job
+from mtmc.tools.worker import run_job
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FOLDER = REPO.parent / "shared" / "kernelbench-dev"

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from bench.record import run_meta
 from mtmc.kernels.catalog import family_of
-from mtmc.kernels.parse import parse_request
+from mtmc.kernels.task import time_candidate
+from mtmc.request.parse import parse_request
 from mtmc.tools.hardware import resolve
-from mtmc.tools.timing import bench_ms, time_candidate
+from mtmc.tools.timing import bench_ms
 
 REQUESTS = {"kn": "matmul 8192x4096 by 4096x4096 in {dtype}",
             "nk": "linear layer with 4096 inputs and 4096 outputs on a batch of 8192 tokens in {dtype}"}

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# One module per subcommand; add a name here to add a command.
-COMMANDS = ["generate", "memory", "optimize", "verify"]
+from mtmc.commands import generate, memory, optimize, verify
+
+# One module per subcommand; add it here to add a command.
+COMMANDS = [generate, memory, optimize, verify]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtmc", description="Verified, measured Triton kernels from words or modules.")
     sub = p.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"mtmc.commands.{name}").register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return p
 
 

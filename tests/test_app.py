@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtmc.agents.followup import interpret
-from mtmc.kernels.parse import parse_request
+from mtmc.request.parse import parse_request
 from mtmc.tools.hardware import PROFILES
 from mtmc.ui.plots import kernel_point, roofline_svg, time_table
 from mtmc.ui.runqueue import RunQueue, run_in_line

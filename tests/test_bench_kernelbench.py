@@ -11,7 +11,7 @@ import pytest
 
 from bench import kernelbench as kb
 from mtmc.tools.isolation import Confinement
-from mtmc.tools.sandbox import run_job
+from mtmc.tools.worker import run_job
 
 TINY = Path(__file__).parent / "kernelbench_tiny"
 REPO = Path(__file__).resolve().parents[1]

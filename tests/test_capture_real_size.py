@@ -15,9 +15,9 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from mtmc.agents.module_flow import Rejected, capture_in_child, plan_module
-from mtmc.kernels.capture import recurrent_layer_shapes
-from mtmc.kernels.fusion import partition
-from mtmc.kernels.fx_ops import einsum_b_layout
+from mtmc.module.capture import recurrent_layer_shapes
+from mtmc.module.fusion import partition
+from mtmc.module.fx_ops import einsum_b_layout
 from mtmc.tools import machine
 from test_module_optimize import assert_assembled_matches, captured_source
 
@@ -273,7 +273,7 @@ def test_recurrent_layers_get_their_output_shapes_without_running(cls, kwargs, b
 
 
 def test_a_node_the_classifier_fails_on_stays_pytorch_with_the_reason(tmp_path, monkeypatch):
-    from mtmc.kernels import fx_ops
+    from mtmc.module import fx_ops
 
     def broken(self, name):
         raise IndexError("tuple index out of range")

@@ -17,7 +17,7 @@ from mtmc.kernels import catalog, pointwise
 from mtmc.kernels.families.elementwise import FAMILY as ELEMENTWISE
 from mtmc.kernels.families.matmul import FAMILY as MATMUL
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.correctness import check
+from mtmc.kernels.task import check
 from mtmc.tools.hardware import PROFILES
 
 H200 = PROFILES["h200"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mtmc.kernels.families import _rows, norm, reduction, softmax
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.correctness import check, reference_namespace
+from mtmc.kernels.task import check, reference_namespace
 from mtmc.tools.hardware import PROFILES
 
 FAMILIES = [reduction.FAMILY, softmax.FAMILY, norm.FAMILY]

@@ -8,7 +8,7 @@ import pytest
 
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request
-from mtmc.kernels import module_file
+from mtmc.module import module_file
 from mtmc.tools.hardware import PROFILES
 
 HUGE = "relu on a 1000000x1000000 fp32 tensor"          # 4 TB in, 4 TB out

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from mtmc.kernels import catalog
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.correctness import check
+from mtmc.kernels.task import check
 
 interpreter = pytest.importorskip("triton.runtime.interpreter")
 

@@ -215,7 +215,7 @@ def test_the_seccomp_filter_refuses_what_a_job_never_needs(tmp_path):
 def test_a_sandbox_in_the_host_pid_namespace_is_cleaned_up_by_its_uid():
     """The guard's GPU sessions share the host's PID namespace (CUDA IPC needs it): they run as
     a uid of their own, and ending that uid ends what a module started."""
-    from mtmc.tools.sandbox import Session
+    from mtmc.kernels.task import Session
     uid = isolation.fresh_uid()
     if uid is None:
         pytest.skip("distinct sandbox uids need the server to run as root")

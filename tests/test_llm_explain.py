@@ -7,9 +7,9 @@ import pytest
 from mtmc import cli
 from mtmc.agents import llm as chat_model
 from mtmc.agents.explainer import FACTS_HEAD, explain, unsupported_numbers
-from mtmc.kernels.parse import parse_request
 from mtmc.memory import Store
 from mtmc.memory.records import HistoryRecord
+from mtmc.request.parse import parse_request
 from mtmc.tools.hardware import get_profile
 from mtmc.ui.settings import Settings, llm_status
 

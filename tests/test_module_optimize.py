@@ -21,15 +21,15 @@ from mtmc.agents.module_flow import (
     Rejected, assemble_checked, capture_in_child, check_in_child, check_syntax, optimize_module, reference_run,
 )
 from mtmc.cli import main as cli_main
-from mtmc.kernels.assemble import assemble, prefix_names
-from mtmc.kernels.capture import capture
 from mtmc.kernels.catalog import family_of
-from mtmc.kernels.fusion import partition
-from mtmc.kernels.fxjson import Unreproducible, encode_node, rebuild_graph, resolve_target
-from mtmc.kernels.loader import load_file
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.hardware import resolve
+from mtmc.module.assemble import assemble, prefix_names
+from mtmc.module.capture import capture
+from mtmc.module.fusion import partition
+from mtmc.module.fxjson import Unreproducible, encode_node, rebuild_graph, resolve_target
 from mtmc.tools.guard import ReferenceFailed, run_reference
+from mtmc.tools.hardware import resolve
+from mtmc.tools.loader import load_file
 
 MODULES = Path(__file__).parent / "modules"
 BAD = MODULES / "bad"
@@ -616,7 +616,7 @@ def test_capture_does_not_hold_every_intermediate_tensor(tmp_path):
            + "".join(f"        x = x * 1.0{i} + 0.{i}\n" for i in range(5)) + "        return x\n\n\n"
            "def get_inputs():\n    return [torch.randn(8192, 8192)]\n\n\ndef get_init_inputs():\n    return []\n")
     (tmp_path / "big.py").write_text(src)
-    probe = ("import json, resource, sys\nfrom mtmc.kernels.capture import capture\n"
+    probe = ("import json, resource, sys\nfrom mtmc.module.capture import capture\n"
              f"cap = capture({str(tmp_path / 'big.py')!r})\n"
              "print(json.dumps({'nodes': len(cap['graphs'][0]['nodes']), "
              "'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")

@@ -6,8 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mtmc.kernels import pointwise
-from mtmc.kernels.parse import EXAMPLES, FAMILY_OPS, ParseResult, parse_request, supported_summary
+from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import DTYPES
+from mtmc.request.parse import EXAMPLES, ParseResult, parse_request, supported_summary
 
 BIAS, RELU, GELU = {"op": "bias"}, {"op": "relu"}, {"op": "gelu"}
 RESIDUAL = {"op": "residual"}

@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from mtmc.kernels.loader import load_source
 from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.task import compile_resources
 from mtmc.tools.hardware import PROFILES
-from mtmc.tools.target_compile import (blocks_per_sm, compile_resources, compiled_mode, occupancy,
-                                       parse_resource_usage, specialize)
+from mtmc.tools.loader import load_source
+from mtmc.tools.target_compile import blocks_per_sm, compiled_mode, occupancy, parse_resource_usage, specialize
 
 H200 = PROFILES["h200"]
 # Hand-written candidates for an elementwise spec: launch(x, out) over x [M, N].

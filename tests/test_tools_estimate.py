@@ -8,7 +8,7 @@ import pytest
 
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.estimate import LABEL, estimate_time, roofline
+from mtmc.kernels.estimate import LABEL, estimate_time, roofline
 from mtmc.tools.hardware import PROFILES
 
 H200 = PROFILES["h200"]

@@ -6,7 +6,8 @@ import pytest
 
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.sandbox import child_env, run_job
+from mtmc.kernels.task import run_job
+from mtmc.tools.sandbox import child_env
 
 SPEC = KernelSpec("elementwise", "chain", {"M": 64, "N": 1000}, "float32", {"chain": [{"op": "relu"}]})
 
@@ -200,7 +201,7 @@ def test_illegal_memory_access_stays_in_the_child():
 
 
 def test_session_serves_many_jobs_in_one_process_and_ends_with_its_group():
-    from mtmc.tools.sandbox import Session
+    from mtmc.kernels.task import Session
     with Session(interpret=True, name="test") as s:
         first, second = s.call({"kind": "ping"}, 30), s.call({"kind": "ping"}, 30)
         assert first["status"] == second["status"] == "ok"
@@ -218,7 +219,7 @@ def test_session_serves_many_jobs_in_one_process_and_ends_with_its_group():
 
 
 def test_session_crash_is_reported_and_close_kills_the_worker():
-    from mtmc.tools.sandbox import Session
+    from mtmc.kernels.task import Session
     s = Session(name="test")
     r = s.call(check_job("import ctypes\nctypes.string_at(0)\n"), 60)
     assert r["status"] == "crashed" and "SIGSEGV" in r["detail"] and not s.alive
@@ -234,7 +235,7 @@ def test_a_session_outlives_the_thread_that_started_it():
     thread (the module flow's groups run in threads) was killed when that thread ended."""
     import threading
 
-    from mtmc.tools.sandbox import Session
+    from mtmc.tools.worker import Session
     made = []
 
     def start():

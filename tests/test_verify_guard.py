@@ -17,7 +17,7 @@ from mtmc.tools.guard import check_candidate, format_verdict, run_reference, ver
 from mtmc.tools.guard import checks as C
 from mtmc.tools.guard import numeric
 from mtmc.tools.guard.draw import VARIANTS, vary
-from mtmc.tools.sandbox import run_job
+from mtmc.tools.worker import run_job
 
 CHEATS = Path(__file__).parent / "cheats"
 TIMEOUT_S = 150
@@ -160,7 +160,7 @@ def test_inputs_are_fresh_and_varied_on_every_run(scale_relu):
 
 
 def test_variant_distributions():
-    from mtmc.kernels.loader import load_file
+    from mtmc.tools.loader import load_file
     from mtmc.tools.guard.draw import draw_inputs
     module = load_file(path("ref_scale_relu"), "draw_probe")
     normal, heavy = draw_inputs(module.get_inputs, "as_given")[0][0], draw_inputs(module.get_inputs, "heavy_tailed")[0][0]
@@ -299,7 +299,7 @@ def test_gpu_illegal_memory_access_is_contained(scale_relu_gpu, capsys):
 def test_a_catalog_kernel_goes_through_the_same_checks():
     from mtmc.kernels.catalog import family_of
     from mtmc.kernels.spec import KernelSpec
-    from mtmc.tools.guard.kernel_files import verify_kernel
+    from mtmc.kernels.module_pair import verify_kernel
     from mtmc.tools.hardware import resolve
 
     def render(spec):

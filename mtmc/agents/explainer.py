@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from mtmc.agents.llm import LLMFailure, ask, endpoint
-from mtmc.kernels.catalog import family_of
+from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import MemoryUnavailable, Store
 from mtmc.tools.hardware import HardwareProfile, get_profile, resolve
@@ -250,7 +250,7 @@ def _fusion(spec: KernelSpec, state: dict) -> list[str]:
     kernels = ((best.get("verdict") or {}).get("resources") or {}).get("kernels") or []
     names = ", ".join(k.get("name", "kernel") for k in kernels) or "the template's kernel"
     knobs = ", ".join(family_of(spec).config_space(spec))
-    return [f"No step fused anything because nothing was left to fuse: {spec.describe()} is written as one "
+    return [f"No step fused anything because nothing was left to fuse: {describe(spec)} is written as one "
             f"template whose ops run in the same kernel ({names}).",
             f"The planner's moves for the {spec.family} family turn {knobs}; fusing across ops is decided "
             "earlier, when a captured module is split into fusion groups."]

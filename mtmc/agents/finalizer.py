@@ -8,6 +8,7 @@ from langgraph.runtime import Runtime
 from mtmc.agents.context import Context
 from mtmc.agents.events import emit
 from mtmc.agents.state import State
+from mtmc.kernels.catalog import describe
 from mtmc.kernels.codegen import standalone_source
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import HistoryRecord, Store, current_versions, new_id, now_iso
@@ -32,7 +33,7 @@ def summary_text(spec: KernelSpec, best: dict, baselines: dict | None, target: s
     verdict = best["verdict"]
     corr = verdict.get("correctness") or {}
     return "\n".join([
-        f"Request: {spec.request or spec.describe()}",
+        f"Request: {spec.request or describe(spec)}",
         f"Target: {resolve(target).name}; config: {best['config']}",
         f"Correctness: {corr.get('reason', 'checked')} (dims {corr.get('dims')}, {corr.get('device')})",
         timing_line(verdict, baselines),
@@ -43,7 +44,7 @@ def finalize(state: State, runtime: Runtime[Context]) -> dict:
     spec = KernelSpec.from_dict(state["spec"])
     best = state.get("best") or {}
     if not best:
-        msg = ("No correct kernel was found for " + spec.describe() + ". Every draft failed verification; "
+        msg = ("No correct kernel was found for " + describe(spec) + ". Every draft failed verification; "
                "the steps above say why.")
         emit("final", status="failed", message=msg)
         return {"status": "failed", "message": msg, "history_id": None}
@@ -59,7 +60,7 @@ def finalize(state: State, runtime: Runtime[Context]) -> dict:
             f" (log only, {store.index_note}; `mtmc memory rebuild` indexes it)" if store.index_note else "")
     except OSError as exc:  # the kernel is written; say plainly that the history was not kept
         stored, memory = None, f"Memory: history not stored ({exc})"
-    msg = f"{spec.describe()}: best draft is step {best['step']}.\n{summary}\nKernel file: {path}\n{memory}"
+    msg = f"{describe(spec)}: best draft is step {best['step']}.\n{summary}\nKernel file: {path}\n{memory}"
     emit("final", status="done", message=msg, artifact=str(path), history_id=stored)
     return {"status": "done", "message": msg, "artifact": str(path), "history_id": stored}
 

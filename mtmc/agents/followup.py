@@ -2,7 +2,7 @@
 run, a change to its spec ("use bf16", "try it for 16384 columns", "make it 8192x8192"), or a
 new request?
 
-The words are read by the request parser (kernels.parse), which reports what it recognised
+The words are read by the request parser (request.parse), which reports what it recognised
 even when the text names no op; a text that is only a dtype and sizes is a change to the last
 spec.  Anything else goes to the parser as a new request, whose answer says what it can do.
 """
@@ -12,8 +12,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from mtmc.kernels.parse import parse_request
+from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
+from mtmc.request.parse import parse_request
 
 WHY = re.compile(r"\bwhy\b|\bhow come\b|^\s*explain\b|\bwhat made you\b|\breason for\b", re.I)
 STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
@@ -66,7 +67,6 @@ def interpret(text: str, last_spec: dict | None) -> FollowUp:
 def apply_changes(spec: KernelSpec, understood: dict) -> tuple[KernelSpec, list[str]]:
     """The spec with the parser's recognised dtype / sizes / shape applied; ValueError in words
     when a size does not fit the spec's op."""
-    from mtmc.kernels.catalog import family_of
     changes: list[str] = []
     dtype = understood.get("dtype")
     if dtype is not None:
@@ -80,7 +80,7 @@ def apply_changes(spec: KernelSpec, understood: dict) -> tuple[KernelSpec, list[
     for word, value in (understood.get("sizes") or {}).items():
         dim = names.get(word)
         if dim is None or dim not in dims:
-            raise ValueError(f"{spec.describe()} has no size for '{word}'; its sizes are "
+            raise ValueError(f"{describe(spec)} has no size for '{word}'; its sizes are "
                              f"{_dims_text(spec.dims)}.")
         dims[dim] = int(value)
     shapes = understood.get("shapes") or []

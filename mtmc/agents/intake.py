@@ -6,10 +6,10 @@ from langgraph.runtime import Runtime
 from mtmc.agents.context import Context
 from mtmc.agents.events import emit
 from mtmc.agents.state import State
-from mtmc.kernels.catalog import family_of
-from mtmc.kernels.parse import parse_request
+from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import Store
+from mtmc.request.parse import parse_request
 from mtmc.tools.hardware import resolve
 from mtmc.tools.machine import gib
 
@@ -20,7 +20,7 @@ def check_fits(spec: KernelSpec, target: str | None) -> None:
     profile = resolve(target)
     need = family_of(spec).tensor_bytes(spec)
     if profile.memory_bytes and need > profile.memory_bytes:
-        raise ValueError(f"{spec.describe()} does not fit the target GPU: its inputs and output need {gib(need)} "
+        raise ValueError(f"{describe(spec)} does not fit the target GPU: its inputs and output need {gib(need)} "
                          f"({need:,} bytes), and the {profile.name} has {gib(profile.memory_bytes)} "
                          f"({profile.memory_bytes:,} bytes) of memory. Ask for a smaller shape.")
 
@@ -34,7 +34,7 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
         except ValueError as exc:
             emit("unsupported", message=str(exc))
             return {"status": "unsupported", "message": str(exc)}
-        emit("parsed", spec=spec.to_dict(), description=spec.describe(), assumptions=[])
+        emit("parsed", spec=spec.to_dict(), description=describe(spec), assumptions=[])
         return {"status": "running", "assumptions": [], "spec": spec.to_dict()}
     result = parse_request(state["request"])
     if not result.ok:
@@ -46,7 +46,7 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
     except ValueError as exc:
         emit("unsupported", message=str(exc))
         return {"status": "unsupported", "message": str(exc)}
-    emit("parsed", spec=spec.to_dict(), description=spec.describe(), assumptions=result.assumptions)
+    emit("parsed", spec=spec.to_dict(), description=describe(spec), assumptions=result.assumptions)
     return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions)}
 
 

@@ -29,16 +29,18 @@ from pathlib import Path
 from mtmc.agents.context import Context
 from mtmc.agents.module_report import markdown_report, summary_json
 from mtmc.agents.runner import run_request
-from mtmc.kernels.assemble import assemble
-from mtmc.kernels.capture import PHASES, info_bytes, last_phase
-from mtmc.kernels.fusion import Group, Partition, partition
-from mtmc.kernels.module_file import ModuleFileError, check_file
+from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import KernelSpec
+from mtmc.module import worker as module_worker
+from mtmc.module.assemble import assemble
+from mtmc.module.capture import PHASES, info_bytes, last_phase
+from mtmc.module.fusion import Group, Partition, partition
+from mtmc.module.module_file import ModuleFileError, check_file
 from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
-from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
+from mtmc.tools.hardware import gpu_available
 from mtmc.tools.isolation import Confinement, IsolationUnavailable
-from mtmc.tools.sandbox import run_job
-from mtmc.tools.verify import gpu_available
+from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
+from mtmc.tools.worker import run_job
 
 CAPTURE_TIMEOUT_S = 120.0
 MEMORY_MB = 8192  # the interpreter's whole-module check on CPU; capture's cap comes from the machine
@@ -60,13 +62,13 @@ def check_syntax(source: str, name: str) -> None:
 
 
 def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None) -> dict:
-    """kernels.capture's result for the file, from a sandboxed child capped at memory_mb (default:
+    """module.capture's result for the file, from a sandboxed child capped at memory_mb (default:
     machine.capture_memory_mb(), a share of free host memory); Rejected with a clear message
     when the upload cannot be captured."""
     name = os.path.basename(path)
     memory_mb = capture_memory_mb() if memory_mb is None else memory_mb
     try:
-        result = run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s,
+        result = module_worker.run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s,
                          memory_mb=memory_mb, confine=Confinement(ro=[path]))
     except IsolationUnavailable as e:
         raise Rejected(f"{name}: {e}") from None
@@ -135,7 +137,7 @@ def capture_and_partition(path: str, gpu: bool, timeout_s: float, memory_mb: int
 def _group_plan(g: Group) -> dict:
     spec = KernelSpec.from_dict(g.spec)
     return {"id": g.id, "graph": g.graph, "family": g.family, "ops": g.ops, "notes": g.notes,
-            "spec": {"op": spec.op, "dims": spec.dims, "dtype": spec.dtype, "description": spec.describe()}}
+            "spec": {"op": spec.op, "dims": spec.dims, "dtype": spec.dtype, "description": describe(spec)}}
 
 
 def plan_module(path: str, gpu: bool | None = None, capture_timeout_s: float = CAPTURE_TIMEOUT_S,
@@ -197,7 +199,7 @@ def optimize_groups(groups: list[Group], ctx: Context, gpu: bool, on_event=None)
 
     def optimize_one(g: Group) -> dict:
         spec = KernelSpec.from_dict(g.spec)
-        _emit(emit, "group_start", group=g.id, ops=g.ops, description=spec.describe())
+        _emit(emit, "group_start", group=g.id, ops=g.ops, description=describe(spec))
 
         def forward(ev):
             _emit(emit, ev.get("event", "event"), group=g.id, **{k: v for k, v in ev.items() if k != "event"})

@@ -6,6 +6,7 @@ end-to-end check and speedup, the ops left to PyTorch, and the parts that could 
 """
 from __future__ import annotations
 
+from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import KernelSpec
 
 
@@ -17,7 +18,7 @@ def summary_json(file: str, out: str, status: str, captured: dict, part, outcome
         corr = o.get("correctness") or {}
         groups.append({
             "id": g.id, "graph": g.graph, "ops": g.ops, "family": g.family, "op": g.spec["op"],
-            "description": KernelSpec.from_dict(g.spec).describe(), "spec": g.spec,
+            "description": describe(KernelSpec.from_dict(g.spec)), "spec": g.spec,
             "status": o.get("status", "fallback"), "reason": o.get("reason", ""), "same_as": o.get("same_as"),
             "config": o.get("config"), "correctness": corr.get("reason"), "max_rel_err": corr.get("max_rel_err"),
             "time_before_ms": o.get("eager_ms"), "time_after_ms": o.get("time_ms"),

@@ -9,7 +9,8 @@ from mtmc.agents.state import State
 from mtmc.kernels.spec import KernelSpec
 from mtmc.policy.actions import config_key
 from mtmc.tools.hardware import resolve
-from mtmc.tools.verify import gpu_available, verify_draft
+from mtmc.kernels.drafts import verify_draft
+from mtmc.tools.hardware import gpu_available
 
 
 def verify(state: State, runtime: Runtime[Context]) -> dict:

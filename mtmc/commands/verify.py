@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from mtmc.kernels.module_file import ModuleFileError, check_file
+from mtmc.module.module_file import ModuleFileError, check_file
 from mtmc.tools import isolation
 from mtmc.tools.guard import format_verdict, verify
 from mtmc.tools.guard.verifier import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S

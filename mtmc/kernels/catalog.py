@@ -1,32 +1,28 @@
 """The op catalog: every family the product can write kernels for."""
 from __future__ import annotations
 
+from mtmc.kernels.families import elementwise, matmul, norm, reduction, softmax
 from mtmc.kernels.family import Family
 from mtmc.kernels.spec import KernelSpec
 
-
-def _families() -> dict[str, Family]:
-    # Imported here so that importing a spec does not import every template.
-    from mtmc.kernels.families import elementwise, matmul, norm, reduction, softmax
-    fams = [elementwise.FAMILY, reduction.FAMILY, softmax.FAMILY, norm.FAMILY, matmul.FAMILY]
-    return {f.name: f for f in fams}
-
-
-_CACHE: dict[str, Family] = {}
+_FAMILIES: dict[str, Family] = {f.name: f for f in (elementwise.FAMILY, reduction.FAMILY, softmax.FAMILY,
+                                                    norm.FAMILY, matmul.FAMILY)}
 
 
 def families() -> dict[str, Family]:
-    if not _CACHE:
-        _CACHE.update(_families())
-    return _CACHE
+    return _FAMILIES
 
 
 def family_of(spec: KernelSpec) -> Family:
-    fams = families()
-    if spec.family not in fams:
-        raise ValueError(f"unknown op family {spec.family!r}; the catalog has {', '.join(fams)}")
-    return fams[spec.family]
+    if spec.family not in _FAMILIES:
+        raise ValueError(f"unknown op family {spec.family!r}; the catalog has {', '.join(_FAMILIES)}")
+    return _FAMILIES[spec.family]
+
+
+def describe(spec: KernelSpec) -> str:
+    """The spec in a few words, as its family puts it ("softmax (softmax) M=4096 x N=8192 float16")."""
+    return family_of(spec).describe(spec)
 
 
 def supported_ops() -> dict[str, tuple[str, ...]]:
-    return {name: fam.ops for name, fam in families().items()}
+    return {name: fam.ops for name, fam in _FAMILIES.items()}

@@ -12,9 +12,9 @@ import json
 import textwrap
 
 from mtmc.kernels.catalog import family_of
-from mtmc.kernels.loader import random_tensor
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools import correctness
+from mtmc.tools.loader import random_tensor
 
 _HEADER = '''#!/usr/bin/env python3
 """{title}

@@ -96,6 +96,11 @@ class Family:
 
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
+# The host wrappers assume this many SMs off the GPU (Triton's interpreter), so a persistent grid
+# still loops there.
+CPU_SMS = 4
+# A persistent grid keeps this many programs per SM in flight to hide latency.
+PROGRAMS_PER_SM = 4
 
 
 def small_dim(d: int, block: int, tiles: int = 2) -> int:

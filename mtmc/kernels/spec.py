@@ -57,7 +57,3 @@ class KernelSpec:
         body = json.dumps({"family": self.family, "op": self.op, "dims": self.dims,
                            "dtype": self.dtype, "params": self.params}, sort_keys=True)
         return hashlib.sha1(body.encode()).hexdigest()[:12]
-
-    def describe(self) -> str:
-        from mtmc.kernels.catalog import family_of
-        return family_of(self).describe(self)

@@ -95,9 +95,10 @@ def now_iso() -> str:
 
 
 def describe_spec(spec: dict) -> str:
+    from mtmc.kernels.catalog import describe
     from mtmc.kernels.spec import KernelSpec
     try:
-        return KernelSpec.from_dict(spec).describe()
+        return describe(KernelSpec.from_dict(spec))
     except ValueError:  # a family this version no longer has: still say what it was
         dims = "x".join(str(v) for v in spec["dims"].values())
         return f"{spec['op']} ({spec['family']}) {dims} {spec.get('dtype', '')}"

@@ -1,7 +1,7 @@
 """The baseline macro planner: greedy search over one-knob moves, ranked by the roofline model.
 
 This is an honest stand-in until the RL-trained policy ships: it scores every legal action by
-the estimated time of the config it leads to (tools.estimate), turns the scores into
+the estimated time of the config it leads to (kernels.estimate), turns the scores into
 probabilities with a softmax, and picks the best untried move.  With real timings (a GPU) it
 keeps exploring the best-ranked moves until `patience` moves in a row fail to beat the best
 measured draft; with estimates only, it stops once no move is predicted to gain 1 %.
@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from mtmc.kernels.catalog import family_of
+from mtmc.kernels.estimate import estimate_time
 from mtmc.kernels.spec import KernelSpec
 from mtmc.policy.actions import STOP, WHY_KIND, Action, config_key, legal_actions
 
@@ -34,7 +35,6 @@ class Decision:
 
 def _estimate_ms(spec: KernelSpec, config: dict, hw) -> float:
     """Estimated ms; infinite where the resource model says the config cannot run (masked)."""
-    from mtmc.tools.estimate import estimate_time
     ms = estimate_time(spec, config, hw).get("ms")
     return float(ms) if ms is not None else math.inf
 

@@ -1,5 +1,7 @@
-"""Correctness of a candidate kernel source against the family's PyTorch reference.
+"""Correctness of a candidate kernel source against the task's PyTorch reference.
 
+A task is plain data built by the caller (kernels.task): the dims, the dtype, each input's
+shape (dim names or sizes), dtype and init, the output, the reference source and the least work.
 Runs in the verifier's child process (tools.worker); never call it on untrusted source in the
 app's own process.  Each call draws fresh random inputs from an unpredictable seed, fills the
 output with NaN (or a sentinel for integer outputs) before the kernel runs, checks the inputs
@@ -12,9 +14,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from mtmc.kernels.catalog import family_of
-from mtmc.kernels.loader import load_source, make_inputs, torch_dtype
-from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.loader import load_source, random_tensor, torch_dtype
 
 # Relative tolerance against the error scale, per dtype of inputs/outputs.  fp32 assumes IEEE
 # fp32 arithmetic (no tf32); fp16/bf16 allow rounding of the output plus fp32 accumulation.
@@ -38,18 +38,31 @@ class CheckResult:
         return asdict(self)
 
 
-def reference_namespace(spec: KernelSpec) -> dict:
+def concrete_shape(shape, dims: dict) -> tuple[int, ...]:
+    """A tensor's shape at `dims`: dim names replaced by their sizes."""
+    return tuple(d if isinstance(d, int) else int(dims[d]) for d in shape)
+
+
+def reference_namespace(task: dict) -> dict:
     import torch
     ns: dict = {"torch": torch, "math": math}
-    exec(compile(family_of(spec).reference_source(spec), "<reference>", "exec"), ns)
+    exec(compile(task["reference"], "<reference>", "exec"), ns)
     return ns
 
 
-def poisoned_output(spec: KernelSpec, dims: dict, device):
+def make_inputs(task: dict, dims: dict | None = None, device="cpu", seed: int | None = None):
+    """Fresh random inputs of the task at `dims` (default: the task's), drawn on `device`."""
     import torch
-    out_arg = family_of(spec).output(spec)
-    dtype = torch_dtype(out_arg.dtype or spec.dtype)
-    shape = out_arg.concrete_shape(dims)
+    dims = dims or task["dims"]
+    gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
+    return [random_tensor(concrete_shape(a["shape"], dims), a["dtype"], a["init"], gen, device) for a in task["inputs"]]
+
+
+def poisoned_output(task: dict, dims: dict, device):
+    import torch
+    out_arg = task["output"]
+    dtype = torch_dtype(out_arg["dtype"])
+    shape = concrete_shape(out_arg["shape"], dims)
     if dtype.is_floating_point:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)
@@ -95,7 +108,7 @@ def judge(dtype: str, out, ref, scale) -> tuple[bool, str, float, float]:
     return True, "matches the float64 reference", max_abs, max_rel
 
 
-def _reference_verdict(ns: dict, spec: KernelSpec, out, inputs, where) -> tuple[bool, str, float, float]:
+def _reference_verdict(ns: dict, task: dict, out, inputs, where) -> tuple[bool, str, float, float]:
     """The family's float64 reference (or its own compare) on `where`."""
     import torch
     x64 = [x.to(where, torch.float64) if x.is_floating_point() else x.to(where) for x in inputs]
@@ -103,23 +116,23 @@ def _reference_verdict(ns: dict, spec: KernelSpec, out, inputs, where) -> tuple[
         return ns["compare"](out.to(where), *x64)
     ref = ns["reference"](*x64)
     scale = ns["error_scale"](*x64) if "error_scale" in ns else ref.abs()
-    return judge(spec.dtype, out.to(where), ref, scale)
+    return judge(task["dtype"], out.to(where), ref, scale)
 
 
-def check(spec: KernelSpec, source: str, dims: dict | None = None, device: str = "cpu",
+def check(task: dict, source: str, dims: dict | None = None, device: str = "cpu",
           trials: int = 2) -> CheckResult:
     import torch
-    dims = dict(dims or spec.dims)
+    dims = dict(dims or task["dims"])
     module = load_source(source, "candidate")
     if not hasattr(module, "launch"):
         return CheckResult(False, "the kernel source defines no launch(*inputs, out)", dims=dims, device=device)
-    ns = reference_namespace(spec)
+    ns = reference_namespace(task)
     worst_abs, worst_rel = 0.0, 0.0
     for _ in range(trials):
         seed = int.from_bytes(os.urandom(6), "little")
-        inputs = make_inputs(spec, dims, device, seed)
+        inputs = make_inputs(task, dims, device, seed)
         before = [x.clone() for x in inputs]
-        out = poisoned_output(spec, dims, device)
+        out = poisoned_output(task, dims, device)
         module.launch(*inputs, out=out)
         if device != "cpu":
             torch.cuda.synchronize()
@@ -127,10 +140,10 @@ def check(spec: KernelSpec, source: str, dims: dict | None = None, device: str =
             if not torch.equal(x, x0):
                 return CheckResult(False, f"input {i} was modified by the kernel", dims=dims, device=device, trials=_ + 1)
         try:   # float64 truth where the data is (a multi-GB check on the host took minutes)
-            ok, reason, max_abs, max_rel = _reference_verdict(ns, spec, out, inputs, out.device)
+            ok, reason, max_abs, max_rel = _reference_verdict(ns, task, out, inputs, out.device)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            ok, reason, max_abs, max_rel = _reference_verdict(ns, spec, out, inputs, "cpu")
+            ok, reason, max_abs, max_rel = _reference_verdict(ns, task, out, inputs, "cpu")
         worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
         if not ok:
             return CheckResult(False, reason, max_abs, max_rel, _ + 1, dims, device)

@@ -60,6 +60,11 @@ def get_profile(name: str) -> HardwareProfile:
     raise ValueError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)}")
 
 
+def gpu_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def present_gpu() -> HardwareProfile | None:
     """The profile of the GPU in this process, read from torch, or None without one."""
     import torch

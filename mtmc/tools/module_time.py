@@ -27,7 +27,7 @@ CHUNK = 1 << 26   # elements compared at once: the float64 temporaries of a huge
 
 
 def load_task(path: str, role: str):
-    from mtmc.kernels.loader import load_file
+    from mtmc.tools.loader import load_file
     return load_file(path, f"mtmc_{role}_{os.getpid()}")
 
 

@@ -1,10 +1,11 @@
-"""Run untrusted verifier work (candidate kernels) in a child process.
+"""Run untrusted verifier work (candidate kernels, uploaded modules) in a child process.
 
 A candidate can hang, crash the interpreter, exhaust memory or poison the CUDA context for
-good, so each job runs in `python -m mtmc.tools.worker` in its own process group, with a
-scrubbed environment, a fresh scratch directory and resource limits.  The job goes in as JSON
-on stdin, one JSON result comes back on stdout; whatever happens, the caller gets a dict with a
-"status" of "ok", "error" (the candidate raised: a verdict), "timed_out" or "crashed".
+good, so each job runs in `python -m ENTRY` (a worker entry module: tools.worker, or a package's
+own that serves its jobs with tools.worker's loop) in its own process group, with a scrubbed
+environment, a fresh scratch directory and resource limits.  The job goes in as JSON on stdin,
+one JSON result comes back on stdout; whatever happens, the caller gets a dict with a "status"
+of "ok", "error" (the candidate raised: a verdict), "timed_out" or "crashed".
 """
 from __future__ import annotations
 
@@ -152,12 +153,12 @@ def _verdict(stdout: bytes | None, returncode: int | None, timeout_s: float, tai
     return result
 
 
-def _spawn(argv_tail: list[str], scratch: Path, stderr, env: dict, limits, confine: Confinement | None,
+def _spawn(entry: str, argv_tail: list[str], scratch: Path, stderr, env: dict, limits, confine: Confinement | None,
            untrusted: bool) -> subprocess.Popen:
-    """Start `python -m mtmc.tools.worker ARGS` in its own process group and scratch directory,
-    inside bubblewrap (tools.isolation) wherever it works: the one place children are started.
+    """Start `python -m ENTRY ARGS` in its own process group and scratch directory, inside
+    bubblewrap (tools.isolation) wherever it works: the one place children are started.
     untrusted: the child runs uploaded code, which is refused when it cannot be isolated."""
-    argv = [sys.executable, "-m", "mtmc.tools.worker", *argv_tail]
+    argv = [sys.executable, "-m", entry, *argv_tail]
     fd = None
     if isolation.require(untrusted):
         confine = confine or isolation.Confinement()
@@ -181,8 +182,9 @@ _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="mtmc-spawner")
 
 
 def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret: bool | None = None,
-            confine: Confinement | None = None, untrusted: bool = True) -> dict:
-    """Run one worker job (see tools.worker for the kinds) in a sandboxed child process.
+            confine: Confinement | None = None, untrusted: bool = True, *, entry: str) -> dict:
+    """Run one job in a sandboxed child process running `python -m ENTRY` (a worker entry module:
+    see tools.worker for its jobs; tools.worker.run_job names it).
 
     memory_mb caps the address space, and only for jobs that use no GPU (CUDA reserves far more
     virtual memory than it uses).  interpret: True sets TRITON_INTERPRET=1, False unsets it,
@@ -200,7 +202,7 @@ def run_job(job: dict, timeout_s: float, memory_mb: int | None = None, interpret
     try:
         # stderr goes to a file: a chatty candidate cannot fill a pipe or the parent's memory.
         with open(stderr_path, "wb") as err:
-            proc = _spawn([], scratch, err, child_env(interpret=interpret),
+            proc = _spawn(entry, [], scratch, err, child_env(interpret=interpret),
                           _limits(timeout_s, None if uses_gpu(job) else memory_mb), confine, untrusted)
             stdout = _communicate(proc, job, timeout_s)
         tail = _tail_from(stderr_path, 0)
@@ -215,7 +217,7 @@ SESSION_CPU_S = 24 * 3600   # a session's CPU-time backstop; each call has its o
 
 
 class Session:
-    """A sandboxed worker that serves many jobs (`python -m mtmc.tools.worker --serve`), so torch,
+    """A sandboxed worker that serves many jobs (`python -m ENTRY --serve`), so torch,
     Triton and CUDA start once, and state (a reference run's tensors) can stay in the child
     between jobs.  `call` returns what run_job returns; after "timed_out" or "crashed" the
     session is dead (its whole process group killed) and every later call says so.  Close it
@@ -223,13 +225,13 @@ class Session:
     same happens when the parent exits."""
 
     def __init__(self, interpret: bool | None = False, memory_mb: int | None = None, name: str = "worker",
-                 confine: Confinement | None = None, untrusted: bool = True):
+                 confine: Confinement | None = None, untrusted: bool = True, *, entry: str):
         self.name = name
         self.scratch = Path(tempfile.mkdtemp(prefix=f"mtmc-{name}-"))
         self._stderr_path = self.scratch / "stderr.log"
         self._err = open(self._stderr_path, "wb")
         try:
-            self.proc = _spawn(["--serve"], self.scratch, self._err, child_env(interpret=interpret),
+            self.proc = _spawn(entry, ["--serve"], self.scratch, self._err, child_env(interpret=interpret),
                                _limits(SESSION_CPU_S, memory_mb), confine, untrusted)
         except BaseException:
             self._err.close()

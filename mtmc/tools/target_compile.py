@@ -22,7 +22,6 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import HardwareProfile
 
 # Triton's type names for tensor element types, keyed by str(torch.dtype).
@@ -333,56 +332,32 @@ def compiled_mode():
             os.environ["TRITON_INTERPRET"] = old
 
 
-def compile_resources(source: str, spec: KernelSpec, dims: dict | None, profile: HardwareProfile) -> ResourceReport:
-    """Compile every kernel `launch` would run at `dims` for `profile` and judge its resources.
+def compile_resources(source: str, task: dict, dims: dict | None, profile: HardwareProfile) -> ResourceReport:
+    """Compile every kernel `launch` would run at `dims` (default: the task's; a task is plain
+    data, see tools.correctness) for `profile` and judge its resources, in this process.
 
     Compile failures become "compile_error" violations; an exception raised by the source's own
     Python (import or the launch wrapper) propagates.  A process whose Triton the interpreter has
-    spoiled (tools.triton_state) compiles in a fresh child instead."""
-    from mtmc.tools.triton_state import compile_blocker
-    if compile_blocker() is not None:
-        return _compile_in_child(source, spec, dims, profile)
+    spoiled (tools.triton_state) cannot compile: tools.worker.compile_resources then compiles in a
+    fresh child."""
     import torch
 
-    from mtmc.kernels.catalog import family_of
-    from mtmc.kernels.loader import load_source, torch_dtype
-    dims = dict(dims or spec.dims)
+    from mtmc.tools.correctness import concrete_shape
+    from mtmc.tools.loader import load_source, torch_dtype
+    dims = dict(dims or task["dims"])
     with compiled_mode():
         module = load_source(source, "candidate")
     if not hasattr(module, "launch"):
         raise AttributeError("the kernel source defines no launch(*inputs, out)")
     # Values are never read (nothing runs): uninitialized tensors cost no time at any size.
-    fam = family_of(spec)
-
     def placeholder(arg):
-        return torch.empty(arg.concrete_shape(dims), dtype=torch_dtype(arg.dtype or spec.dtype))
-    inputs, out = [placeholder(a) for a in fam.inputs(spec)], placeholder(fam.output(spec))
+        return torch.empty(concrete_shape(arg["shape"], dims), dtype=torch_dtype(arg["dtype"]))
+    inputs, out = [placeholder(a) for a in task["inputs"]], placeholder(task["output"])
     with intercept_launches(profile) as icpt:
         module.launch(*inputs, out=out)
     return ResourceReport(target=profile.name, arch=profile.arch, dims=dims, kernels=icpt.kernels)
 
 
-CHILD_TIMEOUT_S = 300.0
-
-
 def report_from_dict(d: dict) -> ResourceReport:
     kernels = [KernelResources(**k) for k in d["kernels"]]
     return ResourceReport(target=d["target"], arch=d["arch"], dims=d["dims"], kernels=kernels)
-
-
-def _compile_in_child(source: str, spec: KernelSpec, dims: dict | None, profile: HardwareProfile) -> ResourceReport:
-    """compile_resources in a fresh worker with the interpreter off; the source's own exception
-    is raised here again (as its builtin type when it has one)."""
-    import builtins
-
-    from mtmc.tools.sandbox import run_job
-    job = {"kind": "compile", "spec": spec.to_dict(), "source": source, "dims": dict(dims or spec.dims),
-           "profile": profile.to_dict()}
-    r = run_job(job, CHILD_TIMEOUT_S, interpret=False, untrusted=False)
-    if r["status"] == "ok":
-        return report_from_dict(r["result"])
-    if r["status"] == "error":
-        kind = getattr(builtins, r.get("error_type") or "", None)
-        kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
-        raise kind(r.get("message", ""))
-    raise RuntimeError(f"compiling in a fresh process {r['status']}: {r.get('detail', '')[:500]}")

@@ -2,12 +2,10 @@
 
 All three run in one process on the same fresh random inputs, each timed as the median of
 triton.testing.do_bench (CUDA events, L2 flushed before every run).  GPU only; without one the
-verifier reports tools.estimate's roofline instead, labelled as an estimate.  Runs candidate
+verifier reports kernels.estimate's roofline instead, labelled as an estimate.  Runs candidate
 code: call it in the verifier's child process (tools.worker).
 """
 from __future__ import annotations
-
-from mtmc.kernels.spec import KernelSpec
 
 WARMUP_MS = 25
 REP_MS = 100
@@ -45,34 +43,33 @@ def _ratio(base: float | None, ours: float) -> float | None:
     return base / ours if base is not None and ours > 0 else None
 
 
-def time_candidate(spec: KernelSpec, source: str, dims: dict | None = None, baselines: bool = True,
-                   compile_baseline: bool = True) -> dict:
+def time_candidate(task: dict, source: str, baselines: bool = True, compile_baseline: bool = True) -> dict:
     """Median ms of the candidate (and of eager, and torch.compile unless not `compile_baseline`,
-    when `baselines`) at `dims` (default: the spec's), with speedups and achieved GB/s and TFLOP/s."""
+    when `baselines`) at the task's dims (tools.correctness: a task is plain data), with speedups
+    and achieved GB/s and TFLOP/s from the task's least work."""
     import torch
-    from mtmc.kernels.catalog import family_of
-    from mtmc.kernels.loader import load_source, make_inputs
-    from mtmc.tools.correctness import poisoned_output, reference_namespace
+
+    from mtmc.tools.correctness import make_inputs, poisoned_output, reference_namespace
+    from mtmc.tools.loader import load_source
     if not torch.cuda.is_available():
-        raise RuntimeError("timing needs a CUDA GPU; use tools.estimate without one")
-    dims = dict(dims or spec.dims)
-    timed = spec.with_dims(**dims)
+        raise RuntimeError("timing needs a CUDA GPU; use an estimate without one")
+    dims = dict(task["dims"])
     module = load_source(source, "candidate")
-    inputs = make_inputs(timed, dims, "cuda")
-    out = poisoned_output(timed, dims, "cuda")
+    inputs = make_inputs(task, dims, "cuda")
+    out = poisoned_output(task, dims, "cuda")
     ours = bench_ms(lambda: module.launch(*inputs, out=out))
     result = {"measured": True, "label": "measured: median of triton.testing.do_bench, L2 flushed",
               "device": torch.cuda.get_device_name(0), "dims": dims, "ours_ms": ours,
               "eager_ms": None, "compiled_ms": None, "compiled_note": "not measured",
               "speedup_vs_eager": None, "speedup_vs_compiled": None}
     if baselines:
-        reference = reference_namespace(timed)["reference"]
+        reference = reference_namespace(task)["reference"]
         result["eager_ms"] = bench_ms(lambda: reference(*inputs))
         if compile_baseline:
             result["compiled_ms"], result["compiled_note"] = _compiled_ms(reference, inputs)
         result["speedup_vs_eager"] = _ratio(result["eager_ms"], ours)
         result["speedup_vs_compiled"] = _ratio(result["compiled_ms"], ours)
-    flops, nbytes = family_of(timed).work(timed)
+    flops, nbytes = task["work"]["flops"], task["work"]["bytes"]
     seconds = ours * 1e-3
     result.update(flops=flops, bytes=nbytes, achieved_gbs=nbytes / seconds / 1e9,
                   achieved_tflops=flops / seconds / 1e12)

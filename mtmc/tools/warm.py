@@ -17,7 +17,7 @@ import re
 import threading
 
 from mtmc.tools.isolation import Confinement
-from mtmc.tools.sandbox import Session
+from mtmc.tools.worker import Session
 
 CPU_MEMORY_MB = 8192
 # an error after which the process's CUDA context may be unusable
@@ -32,7 +32,7 @@ class WorkerPool:
         self._locks = {kind: threading.Lock() for kind in _KINDS}
 
     def run(self, kind: str, job: dict, timeout_s: float) -> dict:
-        """One job in the warm session of `kind`; the result as tools.sandbox.run_job gives it."""
+        """One job in the warm session of `kind`; the result as tools.worker.run_job gives it."""
         with self._locks[kind]:
             session = self._sessions.get(kind)
             if session is None or not session.alive:

@@ -1,22 +1,25 @@
 """The verifier's child process: `python -m mtmc.tools.worker` reads one JSON job on stdin and
 prints one JSON result on stdout; with `--serve` it answers one job per line until stdin closes
-(a tools.sandbox.Session).  tools.sandbox starts it; never run candidates elsewhere.
+(a tools.sandbox.Session).  tools.sandbox starts it (`run_job` and `Session` here name it); never
+run candidates elsewhere.  A package with jobs of its own serves them with this loop from an entry
+module of its own (mtmc.module.worker: capture), handing `main` its handlers and these.
 
-Jobs (every one carries "spec": KernelSpec.to_dict() and "source": the candidate, except ping):
+Jobs on a candidate kernel carry "task" (plain data built by the caller, kernels.task: dims,
+dtype, inputs, output, reference source, work) and "source": the candidate:
   {"kind": "compile", "dims": {...}?, "target": "h200"?, "profile": {...}?}
                                                                 -> {"result": ResourceReport dict}
   {"kind": "check", "dims": {...}?, "device": "cpu"|"cuda", "trials": 2}
                                                                 -> {"result": CheckResult dict}
-  {"kind": "time", "dims": {...}?, "baselines": true}           -> {"result": timing dict}
+  {"kind": "time", "baselines": true}                           -> {"result": timing dict}
   {"kind": "verify", "dims": check dims?, "device": ..., "trials": ..., "target": name or None,
-   "compile_dims": {...}?, "time_dims": {...}?, "baselines": true}
+   "compile_dims": {...}?, "time_task": {...}?, "baselines": true}
         -> {"result": {"passed": bool, "failed_at": part or None, "compile": ..., "check": ...,
                        "time": ...}}  (compile only with a target, time only on a GPU;
            stops at the first part that fails)
   {"kind": "ping"}                                              -> {"result": {"pid", "python"}}
-Missing dims mean the spec's, except in verify: compile_dims default to the (small) check dims,
+Missing dims mean the task's, except in verify: compile_dims default to the (small) check dims,
 which families choose to keep the real shape's alignment, so the specialization is the same;
-time_dims default to the spec's.
+the timing runs at time_task's dims (default: the task's).
 Results: {"status": "ok", "kind", "result", "job_s"}; a Python exception anywhere in the job
 (the candidate's or ours) is {"status": "error", "kind", "error_type", "message", "traceback"}
 plus, for verify, "part" and the parts that finished.
@@ -30,6 +33,12 @@ import os
 import sys
 import time
 import traceback
+
+from mtmc.tools import sandbox
+from mtmc.tools.hardware import gpu_available
+
+ENTRY = "mtmc.tools.worker"   # `python -m ENTRY`: this module
+COMPILE_TIMEOUT_S = 300.0     # a compile in a fresh child (compile_resources)
 
 
 class PartError(Exception):
@@ -56,17 +65,45 @@ def interpreted(on: bool):
             os.environ["TRITON_INTERPRET"] = old
 
 
-def _spec(job: dict):
-    from mtmc.kernels.spec import KernelSpec
-    return KernelSpec.from_dict(job["spec"])
+def run_job(job: dict, timeout_s: float, **options) -> dict:
+    """tools.sandbox.run_job of one of this worker's jobs (the options are run_job's)."""
+    return sandbox.run_job(job, timeout_s, entry=ENTRY, **options)
+
+
+class Session(sandbox.Session):
+    """A tools.sandbox.Session of this worker (the options are Session's)."""
+
+    def __init__(self, **options):
+        super().__init__(entry=ENTRY, **options)
+
+
+def compile_resources(source: str, task: dict, dims: dict | None, profile):
+    """tools.target_compile.compile_resources in this process, or, where Triton's interpreter has
+    spoiled it (tools.triton_state), in a fresh child with the interpreter off; the source's own
+    exception is raised here again (as its builtin type when it has one)."""
+    import builtins
+
+    from mtmc.tools import target_compile
+    from mtmc.tools.triton_state import compile_blocker
+    if compile_blocker() is None:
+        return target_compile.compile_resources(source, task, dims, profile)
+    job = {"kind": "compile", "task": task, "source": source, "dims": dict(dims or task["dims"]),
+           "profile": profile.to_dict()}
+    r = run_job(job, COMPILE_TIMEOUT_S, interpret=False, untrusted=False)
+    if r["status"] == "ok":
+        return target_compile.report_from_dict(r["result"])
+    if r["status"] == "error":
+        kind = getattr(builtins, r.get("error_type") or "", None)
+        kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+        raise kind(r.get("message", ""))
+    raise RuntimeError(f"compiling in a fresh process {r['status']}: {r.get('detail', '')[:500]}")
 
 
 def do_compile(job: dict, dims: dict | None = None) -> dict:
     from mtmc.tools.hardware import HardwareProfile, resolve
-    from mtmc.tools.target_compile import compile_resources
-    spec = _spec(job)
+    task = job["task"]
     profile = HardwareProfile(**job["profile"]) if job.get("profile") else resolve(job.get("target"))
-    return compile_resources(job["source"], spec, dims or job.get("dims") or spec.dims, profile).to_dict()
+    return compile_resources(job["source"], task, dims or job.get("dims") or task["dims"], profile).to_dict()
 
 
 def do_check(job: dict) -> dict:
@@ -75,19 +112,14 @@ def do_check(job: dict) -> dict:
     # CPU tensors only run in the interpreter; on a GPU the sandbox's setting stands.
     ctx = interpreted(True) if device == "cpu" else contextlib.nullcontext()
     with ctx:
-        return check(_spec(job), job["source"], job.get("dims"), device, int(job.get("trials", 2))).to_dict()
+        return check(job["task"], job["source"], job.get("dims"), device, int(job.get("trials", 2))).to_dict()
 
 
-def do_time(job: dict, dims: dict | None = None) -> dict:
-    """Timing runs at the real shape: `dims` when given, else the spec's."""
+def do_time(job: dict) -> dict:
+    """Timing runs at the real shape: the dims of time_task when given, else the task's."""
     from mtmc.tools.timing import time_candidate
-    return time_candidate(_spec(job), job["source"], dims, bool(job.get("baselines", True)),
+    return time_candidate(job.get("time_task") or job["task"], job["source"], bool(job.get("baselines", True)),
                           bool(job.get("compile_baseline", True)))
-
-
-def _gpu_present() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def do_verify(job: dict) -> dict:
@@ -98,8 +130,8 @@ def do_verify(job: dict) -> dict:
         steps.append(("compile", lambda: do_compile(job, job.get("compile_dims")),
                       lambda r: r["ok"]))
     steps.append(("check", lambda: do_check(job), lambda r: r["ok"]))
-    if job.get("device", "cpu") == "cuda" and _gpu_present():
-        steps.append(("time", lambda: do_time(job, job.get("time_dims")), lambda r: True))
+    if job.get("device", "cpu") == "cuda" and gpu_available():
+        steps.append(("time", lambda: do_time(job), lambda r: True))
     for part, run, passed in steps:
         try:
             done[part] = run()
@@ -116,25 +148,27 @@ def do_ping(job: dict) -> dict:
     return {"pid": os.getpid(), "python": sys.version.split()[0]}
 
 
-def _module_job(module: str, name: str):
-    """A handler of a whole-module job (capture, module_time, the guard's sessions), imported only
-    when such a job runs."""
+def _module_time(kind: str):
+    """A whole-module job of tools.module_time (imported only when such a job runs)."""
     def handler(job: dict) -> dict:
-        import importlib
-        return getattr(importlib.import_module(module), name)(job)
+        from mtmc.tools import module_time
+        return getattr(module_time, f"{kind}_job")(job)
     return handler
 
 
-HANDLERS = {"compile": do_compile, "check": do_check, "time": lambda job: do_time(job, job.get("dims")),
-            "verify": do_verify, "ping": do_ping,
-            "capture": _module_job("mtmc.kernels.capture", "capture_job"),
-            "module_time": _module_job("mtmc.tools.module_time", "time_job"),
-            "module_eval": _module_job("mtmc.tools.module_time", "eval_job"),
-            "module_baseline": _module_job("mtmc.tools.module_time", "baseline_job"),
-            **{f"reference_{name}": _module_job("mtmc.tools.guard.reference", f"{name}_job")
-               for name in ("open", "state", "variant", "judge", "close")},
-            **{f"candidate_{name}": _module_job("mtmc.tools.guard.candidate", f"{name}_job")
-               for name in ("open", "trial", "time")}}
+def _guard(side: str, name: str):
+    """One job of the guard's reference or candidate session (tools.guard.reference / candidate)."""
+    def handler(job: dict) -> dict:
+        from mtmc.tools.guard import candidate, reference
+        return getattr(reference if side == "reference" else candidate, f"{name}_job")(job)
+    return handler
+
+
+HANDLERS = {"compile": do_compile, "check": do_check, "time": do_time, "verify": do_verify, "ping": do_ping,
+            "module_time": _module_time("time"), "module_eval": _module_time("eval"),
+            "module_baseline": _module_time("baseline"),
+            **{f"reference_{name}": _guard("reference", name) for name in ("open", "state", "variant", "judge", "close")},
+            **{f"candidate_{name}": _guard("candidate", name) for name in ("open", "trial", "time")}}
 
 
 def error_result(kind, e: BaseException) -> dict:
@@ -143,13 +177,13 @@ def error_result(kind, e: BaseException) -> dict:
             "traceback": tb[-8000:]}
 
 
-def run(job: dict) -> dict:
+def run(job: dict, handlers: dict) -> dict:
     kind = job.get("kind")
     start = time.monotonic()
     try:
-        if kind not in HANDLERS:
-            raise ValueError(f"unknown job kind {kind!r}; known: {', '.join(HANDLERS)}")
-        result = {"status": "ok", "kind": kind, "result": HANDLERS[kind](job)}
+        if kind not in handlers:
+            raise ValueError(f"unknown job kind {kind!r}; known: {', '.join(handlers)}")
+        result = {"status": "ok", "kind": kind, "result": handlers[kind](job)}
     except PartError as e:
         result = {**error_result(kind, e.cause), "part": e.part, "result": e.done}
     except Exception as e:  # MemoryError included: a verdict on the candidate
@@ -177,11 +211,12 @@ def _answer(out, result: dict) -> None:
     sys.stderr.flush()
 
 
-def main() -> None:
+def answer_one(handlers: dict) -> None:
+    """One job from stdin, its result on stdout (tools.sandbox.run_job)."""
     result_out = _private_stdout()
     try:
         job = json.loads(sys.stdin.read())
-        result = run(job)
+        result = run(job, handlers)
     except Exception as e:  # an unreadable job
         result = error_result(None, e)
     _answer(result_out, result)
@@ -189,7 +224,7 @@ def main() -> None:
     os._exit(0)
 
 
-def serve() -> None:
+def serve(handlers: dict) -> None:
     """A session (tools.sandbox.Session): one JSON job per stdin line, one result per stdout line,
     until stdin closes."""
     result_out = _private_stdout()
@@ -198,7 +233,7 @@ def serve() -> None:
         if not line:
             break
         try:
-            result = run(json.loads(line))
+            result = run(json.loads(line), handlers)
         except Exception as e:  # an unreadable job
             result = error_result(None, e)
         _release_gpu_memory()
@@ -215,5 +250,10 @@ def _release_gpu_memory() -> None:
             torch.cuda.empty_cache()
 
 
+def main(handlers: dict) -> None:
+    """An entry module's main: a session with `--serve`, else one job."""
+    serve(handlers) if sys.argv[1:] == ["--serve"] else answer_one(handlers)
+
+
 if __name__ == "__main__":
-    serve() if sys.argv[1:] == ["--serve"] else main()
+    main(HANDLERS)

@@ -9,7 +9,7 @@ from html import escape
 import pandas as pd
 
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.estimate import roofline
+from mtmc.kernels.estimate import roofline
 from mtmc.tools.hardware import HardwareProfile
 
 TIME_COLUMNS = ["step", "ms", "series"]

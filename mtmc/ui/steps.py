@@ -259,8 +259,9 @@ def messages_from_state(state: dict) -> list[dict]:
     msgs = [{"role": "user", "content": state.get("request", "")}]
     spec = state.get("spec")
     if spec:
+        from mtmc.kernels.catalog import describe
         from mtmc.kernels.spec import KernelSpec
-        msgs.append({"role": "assistant", "content": intake_text(KernelSpec.from_dict(spec).describe(),
+        msgs.append({"role": "assistant", "content": intake_text(describe(KernelSpec.from_dict(spec)),
                                                                  state.get("assumptions") or [],
                                                                  len(state.get("retrieved") or []))})
     for rec in state.get("steps") or []:

@@ -1,4 +1,4 @@
-"""Uploaded modules: checked here without running them (kernels.module_file: only .py, under the
+"""Uploaded modules: checked here without running them (module.module_file: only .py, under the
 size limit the command line applies too, valid Python in the benchmark format); the code itself
 only ever runs in the sandboxed child process of the module flow."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import shutil
 import uuid
 from pathlib import Path
 
-from mtmc.kernels.module_file import MAX_UPLOAD_BYTES, check_module_source
-from mtmc.kernels.module_file import ModuleFileError as UploadError
+from mtmc.module.module_file import MAX_UPLOAD_BYTES, check_module_source
+from mtmc.module.module_file import ModuleFileError as UploadError
 from mtmc.paths import home
 
 __all__ = ["MAX_UPLOAD_BYTES", "UploadError", "check_module"]

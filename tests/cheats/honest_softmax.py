@@ -3,9 +3,9 @@ import torch
 import torch.nn as nn
 
 from mtmc.kernels.catalog import family_of
-from mtmc.kernels.loader import load_source
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import resolve
+from mtmc.tools.loader import load_source
 
 
 class ModelNew(nn.Module):

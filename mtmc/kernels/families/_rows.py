@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.families.elementwise import INTERPRETED_SOURCE, interpreter_ints
-from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, PROGRAMS_PER_SM, Family, TensorArg, small_dim
 from mtmc.kernels.spec import DTYPES, KernelSpec
 
 MIN_BLOCK_N = 32
@@ -38,11 +38,9 @@ ROWS_PER_PROG = [1, 2, 4, 8]
 # Strided ("inner") layout: a program's rows are neighbouring q, so wide tiles coalesce the loads.
 INNER_ROWS_PER_PROG = [4, 8, 16, 32, 64, 128]
 INNER_TILE = 2048
-PROGRAMS_PER_SM = 4      # persistent grid size: programs per SM
 # The default turns PERSISTENT on past this many row groups per SM (several full waves of
 # programs, where per-program launch and scheduling cost starts to show).
 PERSISTENT_WAVES = 32
-CPU_SMS = 4              # SM count the launcher assumes off the GPU (interpreter runs)
 CHUNK_LOOP = "for start in range(0, N, BLOCK_N):"
 
 

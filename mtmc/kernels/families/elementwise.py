@@ -13,13 +13,9 @@ import math
 
 
 from mtmc.kernels import pointwise
-from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, PROGRAMS_PER_SM, Family, TensorArg, small_dim
+from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
-
-# launch() assumes this many SMs off-GPU (the interpreter), so a persistent grid still loops there.
-CPU_SMS = 4
-# A persistent elementwise grid keeps this many programs per SM in flight to hide latency.
-PROGRAMS_PER_SM = 4
 
 SM_COUNT_SOURCE = f'''
 def sm_count(t):
@@ -143,7 +139,7 @@ def config_line(config: dict) -> str:
 # -- the family ----------------------------------------------------------------------------
 class ElementwiseFamily(Family):
     name = "elementwise"
-    ops = ("chain",)
+    ops = FAMILY_OPS["elementwise"]
 
     def chain(self, spec: KernelSpec) -> list[dict]:
         return list(spec.params.get("chain") or [])

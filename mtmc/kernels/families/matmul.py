@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.families.elementwise import (
-    CPU_SMS, IMPORTS, INTERPRETED_SOURCE, SM_COUNT_SOURCE, chain_lines, config_line, flat_kernel_source, indent,
+    IMPORTS, INTERPRETED_SOURCE, SM_COUNT_SOURCE, chain_lines, config_line, flat_kernel_source, indent,
     interpreter_ints, operand_loads, operand_steps, signature, step_lines,
 )
-from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 
 REDUCE_BLOCK = 1024    # elements per program of the split-K reduction
@@ -74,7 +75,7 @@ def dot_tile(a_ptr, b_ptr, off_m, off_n, k_lo, k_hi, M, N, stride_am, stride_ak,
 
 class MatmulFamily(Family):
     name = "matmul"
-    ops = ("matmul", "bmm")
+    ops = FAMILY_OPS["matmul"]
 
     # -- what ------------------------------------------------------------------------------
     def epilogue(self, spec: KernelSpec) -> list[dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mtmc.kernels.families import _rows
 from mtmc.kernels.family import TensorArg
+from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 
 DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
@@ -18,7 +19,7 @@ DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
 
 class NormFamily(_rows.RowFamily):
     name = "norm"
-    ops = ("layernorm", "rmsnorm")
+    ops = FAMILY_OPS["norm"]
 
     def describe(self, spec: KernelSpec) -> str:
         params = f"eps {_eps(spec):g}, " + (" and ".join(n for n, _ in _vectors(spec)) or "no affine")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from mtmc.kernels.families import _rows
 from mtmc.kernels.family import TensorArg
+from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 
 INDEX_OPS = {"argmax": "max", "argmin": "min"}
@@ -42,7 +43,7 @@ def _judge_index(out, x, largest, tol):
 
 class ReductionFamily(_rows.RowFamily):
     name = "reduction"
-    ops = ("sum", "mean", "max", "min", "argmax", "argmin")
+    ops = FAMILY_OPS["reduction"]
 
     def describe(self, spec: KernelSpec) -> str:
         text = self.layout(spec).describe(spec.op)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from mtmc.kernels.families import _rows
 from mtmc.kernels.family import TensorArg
+from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 
 NEG_INF = 'float("-inf")'
@@ -15,7 +16,7 @@ NEG_INF = 'float("-inf")'
 
 class SoftmaxFamily(_rows.RowFamily):
     name = "softmax"
-    ops = ("softmax", "log_softmax")
+    ops = FAMILY_OPS["softmax"]
 
     def describe(self, spec: KernelSpec) -> str:
         text = self.layout(spec).describe(spec.op)

@@ -7,7 +7,9 @@ guard.probes); the parent judges (guard.checks, guard.numeric) and assembles the
 (guard.verifier); guard.report puts it in words.
 """
 from mtmc.tools.guard.report import as_module_check, format_verdict
-from mtmc.tools.guard.verifier import ReferenceFailed, ReferenceRun, check_candidate, run_reference, verify
+from mtmc.tools.guard.verifier import (
+    DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ReferenceFailed, ReferenceRun, check_candidate, run_reference, verify,
+)
 
 __all__ = ["verify", "run_reference", "check_candidate", "ReferenceRun", "ReferenceFailed", "format_verdict",
-           "as_module_check"]
+           "as_module_check", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB"]

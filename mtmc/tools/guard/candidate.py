@@ -150,7 +150,7 @@ def _refill(buffers, given):
 def open_job(job: dict) -> dict:
     import torch
 
-    from mtmc.kernels.loader import load_file
+    from mtmc.tools.loader import load_file
     from mtmc.tools.offline import block_network
     block_network()
     device = job.get("device", "cpu")

@@ -173,7 +173,7 @@ def _not_dumpable() -> None:
 def open_job(job: dict) -> dict:
     import torch
 
-    from mtmc.kernels.loader import load_file
+    from mtmc.tools.loader import load_file
     from mtmc.tools.offline import block_network
     block_network()
     _not_dumpable()

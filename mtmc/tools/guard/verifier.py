@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mtmc.tools.guard import checks as C
 from mtmc.tools.isolation import SANDBOX_UID, Confinement, fresh_uid, give_to_sandbox, kill_uid
-from mtmc.tools.sandbox import Session
+from mtmc.tools.worker import Session
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_MB = 4096       # address-space cap of CPU children (no cap with a GPU: CUDA reserves more)
@@ -75,7 +75,7 @@ class ReferenceRun:
 
 
 def default_device() -> str:
-    from mtmc.tools.verify import gpu_available
+    from mtmc.tools.hardware import gpu_available
     return "cuda" if gpu_available() else "cpu"
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from mtmc.kernels.catalog import family_of
 from mtmc.kernels.family import DTYPE_BYTES
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import HardwareProfile
@@ -60,7 +61,6 @@ def _numel(spec: KernelSpec, arg) -> int:
 
 def roofline(spec: KernelSpec, profile: HardwareProfile) -> dict:
     """The least time any kernel needs on `profile`, and which resource bounds it."""
-    from mtmc.kernels.catalog import family_of
     flops, nbytes = family_of(spec).work(spec)
     tensor_core = _is_matmul(spec) and spec.dtype in ("float16", "bfloat16")
     peak = profile.peak_tflops(spec.dtype, tensor_core) * 1e12
@@ -232,7 +232,6 @@ def _latency(s: _Shape, waves: int) -> float:
 
 def estimate_time(spec: KernelSpec, config: dict, profile: HardwareProfile, resources: dict | None = None) -> dict:
     """Estimated ms of `config` for `spec` on `profile` (a ResourceReport dict sharpens it)."""
-    from mtmc.kernels.catalog import family_of
     roof = roofline(spec, profile)
     base = {"measured": False, "label": LABEL, "device": profile.name, "ideal_ms": roof["ideal_ms"],
             "bound": roof["bound"], "ms": None}

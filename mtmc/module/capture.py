@@ -135,7 +135,7 @@ def _failure(what: str, exc: BaseException, path: str) -> UploadError:
 
 def load_upload(path: str):
     """Import the file and check the format; returns the module."""
-    from mtmc.kernels.loader import load_file
+    from mtmc.tools.loader import load_file
     name = os.path.basename(path)
     phase("import")
     try:
@@ -318,7 +318,7 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     import torch.fx as fx
     from torch.fx.passes.shape_prop import ShapeProp
 
-    from mtmc.kernels.fxjson import Unreproducible, describe_value, encode_node
+    from mtmc.module.fxjson import Unreproducible, describe_value, encode_node
 
     args, defaults = _call_args(mod, call)
     leaves: dict[str, dict] = {}

@@ -1,6 +1,6 @@
 """What each node of a captured graph computes, in the op catalog's terms.
 
-Reads one graph of kernels.capture's result (plain JSON) and classifies its nodes: *pointwise*
+Reads one graph of module.capture's result (plain JSON) and classifies its nodes: *pointwise*
 (a unary step of the pointwise vocabulary, or a binary op of two values), *anchors* a kernel is
 built around (matmul / linear / bmm, reductions, softmax, layer and RMS norms), or neither.
 Near misses (a softmax over a middle dim, dropout in training mode, an in-place op on a shared
@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtmc.kernels.fxjson import arg_nodes, decode_arg, target_name
 from mtmc.kernels.spec import DTYPES
+from mtmc.module.fxjson import arg_nodes, decode_arg, target_name
 
 
 # -- reading the captured graph ---------------------------------------------------------------

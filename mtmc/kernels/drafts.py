@@ -1,4 +1,5 @@
-"""One verification of a draft: compile for the target, check, time -- in a sandboxed child.
+"""One verification of a draft: compile for the target, check, time -- in warm sandboxed sessions
+(tools.warm), as the worker jobs the tools run on the draft's task (kernels.task).
 
 The verdict is plain data the agents route on:
   ok, stage ("compile" | "check" | "time" | "sandbox"), kind (None, or the failure:
@@ -9,18 +10,15 @@ The verdict is plain data the agents route on:
 from __future__ import annotations
 
 from mtmc.kernels.catalog import family_of
+from mtmc.kernels.estimate import estimate_time
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.estimate import estimate_time
+from mtmc.kernels.task import task_of
 from mtmc.tools.hardware import HardwareProfile
+from mtmc.tools.warm import drafts_pool
 
 # Compiling needs real CPU tensors of the compile dims; past this many elements the check dims
 # stand in (resources do not depend on sizes beyond divisibility, which small_dim keeps).
 COMPILE_NUMEL_LIMIT = 1 << 27
-
-
-def gpu_available() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def _numel(spec: KernelSpec, dims: dict) -> int:
@@ -39,10 +37,9 @@ def build_job(spec: KernelSpec, source: str, config: dict, profile: HardwareProf
               baselines: bool, compile_baseline: bool = True) -> dict:
     check_dims = spec.dims if gpu else family_of(spec).check_dims(spec, config)
     compile_dims = spec.dims if _numel(spec, spec.dims) <= COMPILE_NUMEL_LIMIT else check_dims
-    return {"kind": "verify", "spec": spec.to_dict(), "source": source, "dims": check_dims,
+    return {"kind": "verify", "task": task_of(spec), "source": source, "dims": check_dims,
             "device": "cuda" if gpu else "cpu", "trials": 2, "target": profile.name,
-            "compile_dims": compile_dims, "time_dims": spec.dims, "baselines": baselines,
-            "compile_baseline": compile_baseline}
+            "compile_dims": compile_dims, "baselines": baselines, "compile_baseline": compile_baseline}
 
 
 def _failure(stage: str, kind: str, detail: str, **parts) -> dict:
@@ -86,7 +83,7 @@ def _run_split(job: dict, timeout_s: float, gpu: bool, pool) -> dict:
     first imported) and the check (the interpreter on CPU tensors, or the GPU, with the timing)
     run side by side in two warm sessions, merged into the shape of one verify result."""
     from concurrent.futures import ThreadPoolExecutor
-    common = {k: v for k, v in job.items() if k in ("spec", "source")}
+    common = {k: v for k, v in job.items() if k in ("task", "source")}
     compile_job = {**common, "kind": "compile", "dims": job["compile_dims"], "target": job["target"]}
     if gpu:
         check_kind, check_job = "gpu", {**job, "target": None}   # verify = check, then time on the GPU
@@ -117,7 +114,6 @@ def _run_split(job: dict, timeout_s: float, gpu: bool, pool) -> dict:
 
 def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareProfile, *, gpu: bool,
                  timeout_s: float = 240.0, baselines: bool = True, compile_baseline: bool = True) -> dict:
-    from mtmc.tools.warm import drafts_pool
     job = build_job(spec, source, config, profile, gpu, baselines, compile_baseline)
     result = _run_split(job, timeout_s, gpu, drafts_pool())
     verdict = interpret(result, spec, config, profile)

@@ -25,9 +25,9 @@ import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import family_of
-from mtmc.kernels.fusion import Group
-from mtmc.kernels.fxjson import rebuild_graph
 from mtmc.kernels.spec import KernelSpec
+from mtmc.module.fusion import Group
+from mtmc.module.fxjson import rebuild_graph
 
 MARKER = "# ==== MTMC Kernel Agent: generated code below; everything above is the original file ===="
 

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.guard import DEFAULT_TIMEOUT_S, verify
 
 _REFERENCE = '''import math
 
 import torch
 import torch.nn as nn
 
-from mtmc.kernels.loader import random_tensor
+from mtmc.tools.loader import random_tensor
 
 {reference}
 
@@ -74,7 +75,6 @@ def candidate_source(spec: KernelSpec, kernel_source: str) -> str:
 def verify_kernel(spec: KernelSpec, kernel_source: str, dims: dict | None = None, device: str | None = None,
                   timeout_s: float | None = None) -> dict:
     """The guard's verdict on one kernel at `dims` (default: the spec's)."""
-    from mtmc.tools.guard.verifier import DEFAULT_TIMEOUT_S, verify
     with tempfile.TemporaryDirectory(prefix="mtmc-guard-kernel-") as tmp:
         ref, cand = Path(tmp) / "reference.py", Path(tmp) / "candidate.py"
         ref.write_text(reference_source(spec, dims))

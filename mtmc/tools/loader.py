@@ -1,7 +1,8 @@
-"""Load generated source as a module and build inputs for a spec.
+"""Load generated or uploaded source as a module, and draw fresh random tensors.
 
 Triton's @jit reads the kernel's source with `inspect`, so generated code must live in a real
-file: each load writes it to a content-addressed file under a cache directory.
+file: each load writes it to a content-addressed file under a cache directory.  Call these only
+in a sandboxed child for code that is not ours.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mtmc.kernels.spec import KernelSpec
 
 _CACHE_DIR = Path(os.environ.get("MTMC_SOURCE_CACHE", Path(tempfile.gettempdir()) / "mtmc-sources"))
 
@@ -59,10 +59,3 @@ def random_tensor(shape, dtype: str, init: str, generator, device="cpu"):
         raise ValueError(f"unknown init {init!r}")
     return t.to(getattr(torch, dtype))
 
-
-def make_inputs(spec: KernelSpec, dims: dict[str, int], device="cpu", seed: int | None = None):
-    import torch
-    from mtmc.kernels.catalog import family_of
-    gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
-    return [random_tensor(a.concrete_shape(dims), a.dtype or spec.dtype, a.init, gen, device)
-            for a in family_of(spec).inputs(spec)]

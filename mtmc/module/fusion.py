@@ -1,6 +1,6 @@
 """Split a captured forward graph into fusion groups the op catalog can serve.
 
-Input: one graph of kernels.capture's result (plain JSON).  Output: groups, each a KernelSpec at
+Input: one graph of module.capture's result (plain JSON).  Output: groups, each a KernelSpec at
 the shapes seen at run time plus a *binding* saying where every kernel input comes from (a
 graph value or a parameter, and the reshape-only view that turns it into the kernel's [M, N] /
 [B, M, K] layout) and how the kernel's output is viewed back into the node's shape.
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mtmc.kernels.catalog import family_of
-from mtmc.kernels.fx_ops import (
+from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
 )
 from mtmc.kernels.spec import DTYPES, KernelSpec
@@ -559,7 +559,7 @@ class Partition:
 
 
 def partition(captured: dict) -> Partition:
-    """Fusion groups of every captured graph (kernels.capture's result), ids unique across them."""
+    """Fusion groups of every captured graph (module.capture's result), ids unique across them."""
     groups, left = [], []
     for desc in captured["graphs"]:
         p = Partitioner(desc, first_id=len(groups))

@@ -1,0 +1,447 @@
+"""Phase 4 of reading a request: formulas ("relu(x + y)", "x @ W^T + b") parsed into a tree and
+walked into the core op and its pointwise steps."""
+from __future__ import annotations
+
+import math
+
+from mtmc.kernels import pointwise
+from mtmc.request.reading import DEFAULT_LEAKY_SLOPE, _Ctx, _Fail, _Item, _rx, _vocabulary
+
+
+# -- phase 4: formulas ("relu(x + y)", "x @ W^T + b") ----------------------------------------
+
+_TOKEN = (r"\s*(?:(?P<arrow>->)|(?P<num>(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
+          r"|(?P<name>[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)|(?P<str>'[a-z_]*'|\"[a-z_]*\")"
+          r"|(?P<op>\*\*|[-+*/@^(),=])|(?P<other>\S))")
+_BIN_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "**": 4, "^": 4}
+_NAMESPACES = {"torch", "nn", "functional", "f", "math", "tl", "np", "numpy", "triton", "special"}
+_VARS = (r"[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other|gate|logits"
+         r"|scores|act|mask")
+_BIAS_NAMES = {"b", "bias"}
+_RESIDUAL_NAMES = {"r", "res", "residual", "skip", "shortcut"}
+_MAIN_NAMES = ("x", "input", "inputs", "inp", "a", "h", "hidden", "logits", "scores", "act")
+_UNARY_FUNCS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu", "sigmoid": "sigmoid",
+                "tanh": "tanh", "exp": "exp", "abs": "abs", "neg": "neg", "negative": "neg",
+                "square": "square"}
+_CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "log_softmax"),
+               "logsoftmax": ("softmax", "log_softmax"), "layer_norm": ("norm", "layernorm"),
+               "layernorm": ("norm", "layernorm"), "rms_norm": ("norm", "rmsnorm"),
+               "rmsnorm": ("norm", "rmsnorm"), "sum": ("reduction", "sum"), "mean": ("reduction", "mean"),
+               "amax": ("reduction", "max"), "amin": ("reduction", "min"),
+               "argmax": ("reduction", "argmax"), "argmin": ("reduction", "argmin")}
+_BOUND_FUNCS = {"max": "clamp_min", "maximum": "clamp_min", "fmax": "clamp_min",
+                "min": "clamp_max", "minimum": "clamp_max", "fmin": "clamp_max"}
+_OTHER_FUNCS = {"leaky_relu", "relu6", "clamp", "clip", "clamp_min", "clamp_max", "linear", "sqrt", "t",
+                "transpose"}
+# Known functions outside the vocabulary: a formula using them fails with a clear reason.
+_UNSUPPORTED_FUNCS = {"log", "log1p", "log2", "sin", "cos", "tan", "softplus", "mish", "elu", "selu", "celu",
+                      "hardswish", "hardsigmoid", "hardtanh", "erf", "rsqrt", "reciprocal", "pow", "floor",
+                      "ceil", "round", "sign", "div", "dropout", "conv2d", "conv1d", "cumsum", "var", "std"}
+_KNOWN_FUNCS = (set(_UNARY_FUNCS) | set(_CORE_FUNCS) | set(_BOUND_FUNCS) | _OTHER_FUNCS
+                | _UNSUPPORTED_FUNCS)
+
+
+class _NoFormula(Exception):
+    """The tokens at this place do not form an expression."""
+
+
+class _FormulaParser:
+    """Precedence-climbing parser over tokens; nodes are tuples:
+    ("num", v) ("name", s) ("str", s) ("call", name, args, kwargs) ("bin", op, l, r) ("neg", a) ("T", a)."""
+
+    def __init__(self, toks: list[tuple[str, str, int, int]]):
+        self.toks = toks
+        self.i = 0
+        self.depth = 0
+
+    def parse_at(self, i: int):
+        self.i, self.depth = i, 0
+        return self.expr(0)
+
+    def peek(self, kind: str | None = None, text: str | None = None):
+        if self.i >= len(self.toks):
+            return None
+        tok = self.toks[self.i]
+        if (kind and tok[0] != kind) or (text and tok[1] != text):
+            return None
+        return tok
+
+    def expect(self, kind: str, text: str | None = None):
+        tok = self.peek(kind, text)
+        if tok is None:
+            raise _NoFormula
+        self.i += 1
+        return tok
+
+    def expr(self, min_prec: int):
+        self.depth += 1
+        if self.depth > 40:
+            raise _NoFormula
+        left = self.unary()
+        while (tok := self.peek("op")) and tok[1] in _BIN_PREC and _BIN_PREC[tok[1]] >= min_prec:
+            if tok[1] == "^" and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "t":
+                break  # W^T is a transpose, read by postfix()
+            self.i += 1
+            right_assoc = tok[1] in ("**", "^")
+            left = ("bin", tok[1], left, self.expr(_BIN_PREC[tok[1]] + (0 if right_assoc else 1)))
+        self.depth -= 1
+        return left
+
+    def unary(self):
+        if self.peek("op", "-"):
+            self.i += 1
+            return ("neg", self.unary())
+        if self.peek("op", "+"):
+            self.i += 1
+            return self.unary()
+        return self.postfix(self.primary())
+
+    def postfix(self, node):
+        while self.peek("op", "^") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "t":
+            self.i += 2
+            node = ("T", node)
+        return node
+
+    def primary(self):
+        tok = self.peek()
+        if tok is None:
+            raise _NoFormula
+        kind, text = tok[0], tok[1]
+        if kind == "num":
+            self.i += 1
+            return ("num", float(text))
+        if kind == "str":
+            self.i += 1
+            return ("str", text.strip("'\""))
+        if kind == "name":
+            self.i += 1
+            return self.call(text) if self.peek("op", "(") else ("name", text)
+        if kind == "op" and text == "(":
+            self.i += 1
+            node = self.expr(0)
+            self.expect("op", ")")
+            return node
+        raise _NoFormula
+
+    def call(self, name: str):
+        self.expect("op", "(")
+        args, kwargs = [], {}
+        while not self.peek("op", ")"):
+            if self.peek("op", ","):   # an empty slot: a shape there was already read and blanked
+                self.i += 1
+                continue
+            if self.peek("name") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "=":
+                key = self.toks[self.i][1]
+                self.i += 2
+                kwargs[key] = self.expr(0)
+            else:
+                args.append(self.expr(0))
+            if not self.peek("op", ","):
+                break
+            self.i += 1
+        self.expect("op", ")")
+        return ("call", name, args, kwargs)
+
+
+def _resolve(node):
+    """Strip namespaces (torch.relu -> relu), turn methods into calls (x.sum() -> sum(x)) and
+    transposes into T nodes (w.t, w.T(), w.transpose(0, 1))."""
+    kind = node[0]
+    if kind == "name":
+        parts = _strip_ns(node[1])
+        if len(parts) == 2 and parts[1] in ("t", "mt"):
+            return ("T", ("name", parts[0]))
+        return ("name", ".".join(parts))
+    if kind == "call":
+        parts = _strip_ns(node[1])
+        args = [_resolve(a) for a in node[2]]
+        kwargs = {k: _resolve(v) for k, v in node[3].items()}
+        if len(parts) == 2:                       # method call: receiver first
+            if parts[1] in ("t", "transpose", "mt"):
+                return ("T", ("name", parts[0]))
+            return ("call", parts[1], [("name", parts[0]), *args], kwargs)
+        return ("call", ".".join(parts), args, kwargs)
+    if kind == "bin":
+        return ("bin", node[1], _resolve(node[2]), _resolve(node[3]))
+    if kind in ("neg", "T"):
+        return (kind, _resolve(node[1]))
+    return node
+
+
+def _strip_ns(dotted: str) -> list[str]:
+    parts = dotted.split(".")
+    while len(parts) > 1 and parts[0] in _NAMESPACES:
+        parts = parts[1:]
+    return parts
+
+
+def _leaves(node, kind: str) -> list:
+    """Names of the leaves (kind "name") or of the called functions (kind "call"), in order."""
+    out = []
+    if node[0] == kind:
+        out.append(node[1])
+    children = (node[2] + list(node[3].values())) if node[0] == "call" else \
+        [c for c in node[1:] if isinstance(c, tuple)]
+    for child in children:
+        out.extend(_leaves(child, kind))
+    return out
+
+
+def _is_formula(node) -> bool:
+    """A real formula: an operator or call, over variable names, calling known functions only."""
+    if node[0] in ("name", "num", "str"):
+        return False
+    names, calls = _leaves(node, "name"), _leaves(node, "call")
+    return (bool(names) and all(_rx(rf"(?:{_VARS})").fullmatch(n) for n in names)
+            and all(c in _KNOWN_FUNCS for c in calls))
+
+
+def _tokens(text: str) -> list[tuple[str, str, int, int]]:
+    toks = []
+    for m in _rx(_TOKEN).finditer(text):
+        kind = m.lastgroup
+        toks.append((kind, m.group(kind), m.start(kind), m.end(kind)))
+    return toks
+
+
+def _read_formulas(ctx: _Ctx) -> None:
+    toks = _tokens(ctx.s)
+    parser = _FormulaParser(toks)
+    i = 0
+    while i < len(toks):
+        try:
+            node = _resolve(parser.parse_at(i))
+        except _NoFormula:
+            node = None
+        if node is None or not _is_formula(node):
+            i += 1
+            continue
+        start, end = toks[i][2], toks[parser.i - 1][3]
+        ctx.s = ctx.s[:start] + " " * (end - start) + ctx.s[end:]
+        ctx.note("formula", ctx.norm[start:end])
+        _formula_items(ctx, node, start, end)
+        i = parser.i
+
+
+def _formula_items(ctx: _Ctx, node, start: int, end: int) -> None:
+    """Items for a formula, in application order; steps before its core op apply to the input."""
+    names = _leaves(node, "name")
+    main = next((n for n in _MAIN_NAMES if n in names), names[0])
+    entries = _Walker(main, ctx).walk(node)
+    words = ctx.norm[start:end].strip()
+    core_at = next((i for i, e in enumerate(entries) if e[0] == "core"), None)
+    for i, entry in enumerate(entries):
+        pos = start + i / 1000
+        if entry[0] == "core":
+            ctx.items.append(_Item(pos, end, words, family=entry[1], op=entry[2]))
+        else:
+            ctx.items.append(_Item(pos, end, words, step=entry[1], formula=True,
+                                   pre=core_at is not None and i < core_at))
+    ctx.note("ops", f"{words!r} -> " + ", ".join(e[2] if e[0] == "core" else pointwise.describe_chain([e[1]])
+                                               for e in entries))
+
+
+class _Walker:
+    """Turns a formula tree into entries ("step", dict) / ("core", family, op), input first."""
+
+    def __init__(self, main: str, ctx: _Ctx):
+        self.main, self.ctx = main, ctx
+
+    def fail(self, node, why: str):
+        raise _Fail(f"in the formula, {_show(node)}: {why}")
+
+    def has_input(self, node) -> bool:
+        if node == ("name", self.main) or (node[0] == "bin" and node[1] == "@"):
+            return True
+        if node[0] == "call" and node[1] == "linear":
+            return True
+        return any(self.has_input(c) for c in _children(node))
+
+    def walk(self, node) -> list:
+        kind = node[0]
+        if node == ("name", self.main):
+            return []
+        if kind == "bin" and node[1] == "@":
+            return [self.matmul(node[2], node[3])]
+        if kind == "neg":
+            return self.walk(node[1]) + [("step", {"op": "neg"})]
+        if kind == "bin":
+            return self.binary(node)
+        if kind == "call":
+            return self.call(node)
+        if kind == "T":
+            self.fail(node, "a transpose only fits the weight of a matmul (x @ W^T)")
+        self.fail(node, "this does not read the input tensor")
+
+    def matmul(self, a, b) -> tuple:
+        if a[0] != "name":
+            self.fail(a, "the left operand of @ must be a plain tensor (no ops before a matmul)")
+        if b[0] == "T" and b[1][0] == "name":
+            self.ctx.flags.add("nk")
+        elif b[0] != "name":
+            self.fail(b, "the right operand of @ must be a tensor or its transpose")
+        return ("core", "matmul", "matmul")
+
+    def binary(self, node) -> list:
+        _, op, left, right = node
+        in_left, in_right = self.has_input(left), self.has_input(right)
+        if in_left and in_right:
+            return self.self_product(node)
+        inner, other = (left, right) if in_left else (right, left)
+        chain = self.walk(inner)
+        value = _const(other)
+        if op == "+":
+            return chain + [self.plus(other, value)]
+        if op == "-":
+            if in_left:
+                step = {"op": "shift", "value": -value} if value is not None else self.operand(other, "sub")
+                return chain + [("step", step)]
+            return chain + [("step", {"op": "neg"}), self.plus(other, value)]
+        if op == "*":
+            step = {"op": "scale", "value": value} if value is not None else self.operand(other, "mul")
+            return chain + [("step", step)]
+        if op == "/" and in_left and value:
+            return chain + [("step", {"op": "scale", "value": 1.0 / value})]
+        if op in ("**", "^") and in_left and value == 2:
+            return chain + [("step", {"op": "square"})]
+        self.fail(node, "the pointwise vocabulary has no op for this (no division by a tensor, no powers but 2)")
+
+    def plus(self, other, value) -> tuple:
+        if value is not None:
+            return ("step", {"op": "shift", "value": value})
+        name = self.operand_name(other)
+        op = "bias" if name in _BIAS_NAMES else "residual" if name in _RESIDUAL_NAMES else "add"
+        return ("step", {"op": op})
+
+    def operand(self, other, op: str) -> dict:
+        self.operand_name(other)
+        return {"op": op}
+
+    def operand_name(self, other) -> str:
+        if other[0] != "name":
+            self.fail(other, "a second operand must be a plain tensor name")
+        return other[1]
+
+    def self_product(self, node) -> list:
+        """x * x -> square, x * sigmoid(x) -> silu; other uses of the input twice have no op."""
+        _, op, left, right = node
+        if op == "*":
+            if left == right:
+                return self.walk(left) + [("step", {"op": "square"})]
+            for a, b in ((left, right), (right, left)):
+                if b[0] == "call" and b[1] == "sigmoid" and b[2] == [a] and not b[3]:
+                    return self.walk(a) + [("step", {"op": "silu"})]
+        self.fail(node, "it uses the input twice in a way the pointwise vocabulary has no op for")
+
+    def call(self, node) -> list:
+        _, name, args, kwargs = node
+        if name in _UNSUPPORTED_FUNCS:
+            self.fail(node, f"{name} is not in the pointwise vocabulary ({_vocabulary()})")
+        if name == "linear":   # F.linear(x, w[, b]) = x @ w^T (+ b)
+            self.ctx.flags.add("nk")
+            return [("core", "matmul", "matmul")] + ([("step", {"op": "bias"})] if len(args) > 2 else [])
+        if not args:
+            self.fail(node, "it has no input")
+        inner = self.walk(args[0])
+        if name in _UNARY_FUNCS:
+            approx = kwargs.get("approximate")
+            tanh = name == "gelu" and approx is not None and approx[1] == "tanh"
+            return inner + [("step", {"op": "gelu_tanh" if tanh else _UNARY_FUNCS[name]})]
+        if name in _CORE_FUNCS or (name in ("max", "min") and len(args) == 1):
+            return inner + [self.core(node)]
+        return inner + [("step", s) for s in self.bounded(node)]
+
+    def core(self, node) -> tuple:
+        _, name, args, kwargs = node
+        family, op = _CORE_FUNCS.get(name, ("reduction", name))
+        dim = kwargs.get("dim", kwargs.get("axis"))
+        if dim is None and len(args) > 1 and family != "norm":
+            dim = args[1]
+        if dim is not None:
+            value = _const(dim)
+            if value is None or value != int(value):
+                self.fail(node, "the dim must be a number")
+            self.ctx.reduce_dim = int(value)
+        if "eps" in kwargs:
+            eps = _const(kwargs["eps"])
+            if eps is None:
+                self.fail(node, "eps must be a number")
+            self.ctx.value("eps", eps)
+        return ("core", family, op)
+
+    def bounded(self, node) -> list[dict]:
+        """max(x, 0), clamp(x, 0, 6), leaky_relu(x, 0.2), relu6(x)."""
+        _, name, args, kwargs = node
+        rest = [_const(a) for a in args[1:]]
+        if name == "relu6":
+            return [{"op": "clamp_min", "value": 0.0}, {"op": "clamp_max", "value": 6.0}]
+        if name == "leaky_relu":
+            given = kwargs.get("negative_slope", args[1] if len(args) > 1 else ("num", DEFAULT_LEAKY_SLOPE))
+            slope = _const(given)
+            if slope is None:
+                self.fail(node, "the slope must be a number")
+            return [{"op": "leaky_relu", "value": slope}]
+        if name in _BOUND_FUNCS and len(args) == 2:
+            if rest[0] is not None:
+                return [{"op": _BOUND_FUNCS[name], "value": rest[0]}]
+            self.operand_name(args[1])
+            return [{"op": "maximum" if _BOUND_FUNCS[name] == "clamp_min" else "minimum"}]
+        if name in ("clamp", "clip", "clamp_min", "clamp_max"):
+            # clamp(x, lo, hi) / clamp(x, min=lo, max=hi) / clamp_max(x, hi)
+            positional = ([None] if name == "clamp_max" else []) + args[1:]
+            lo = kwargs.get("min", positional[0] if positional else None)
+            hi = kwargs.get("max", positional[1] if len(positional) > 1 else None)
+            bounds = (("clamp_min", lo), ("clamp_max", hi))
+            steps = [{"op": op, "value": _const(b)} for op, b in bounds if b is not None]
+            if steps and all(s["value"] is not None for s in steps):
+                return steps
+        self.fail(node, "I cannot map this call to the pointwise vocabulary")
+
+
+def _children(node) -> list:
+    if node[0] == "call":
+        return node[2] + list(node[3].values())
+    return [c for c in node[1:] if isinstance(c, tuple)]
+
+
+def _const(node) -> float | None:
+    """The value of a formula part without tensors (1/8, 1/sqrt(128), 2**-3), else None."""
+    kind = node[0]
+    if kind == "num":
+        return node[1]
+    if kind == "neg":
+        v = _const(node[1])
+        return None if v is None else -v
+    if kind == "call" and node[1] == "sqrt" and len(node[2]) == 1:
+        v = _const(node[2][0])
+        return math.sqrt(v) if v is not None and v >= 0 else None
+    if kind == "bin" and node[1] != "@":
+        a, b = _const(node[2]), _const(node[3])
+        if a is None or b is None:
+            return None
+        try:
+            v = {"+": a + b, "-": a - b, "*": a * b}.get(node[1])
+            if v is None:
+                v = a / b if node[1] == "/" else float(a ** b)
+        except (ZeroDivisionError, OverflowError, TypeError):
+            raise _Fail(f"the number {_show(node)} cannot be computed.") from None
+        if isinstance(v, complex) or not math.isfinite(v):
+            raise _Fail(f"the number {_show(node)} cannot be computed.")
+        return v
+    return None
+
+
+def _show(node) -> str:
+    kind = node[0]
+    if kind == "num":
+        return f"{node[1]:g}"
+    if kind in ("name", "str"):
+        return node[1]
+    if kind == "neg":
+        return "-" + _show(node[1])
+    if kind == "T":
+        return _show(node[1]) + "^T"
+    if kind == "bin":
+        return f"({_show(node[2])} {node[1]} {_show(node[3])})"
+    args = [_show(a) for a in node[2]] + [f"{k}={_show(v)}" for k, v in node[3].items()]
+    return f"{node[1]}({', '.join(args)})"

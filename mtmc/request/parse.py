@@ -1,0 +1,171 @@
+"""Words -> KernelSpec, deterministically (no LLM).
+
+`parse_request("a fused softmax over the rows of a 4096x8192 fp16 tensor")` returns a
+ParseResult: the spec, what was recognised, what had to be assumed (stated defaults for a
+missing shape or dtype), and a message.  Nothing is guessed silently: an op outside the catalog,
+a contradiction, a number it cannot place or an unsupported axis is a failure whose message
+says what was understood and what can be asked for.  It never raises.
+
+How a request is read: the text is lowercased, then phases take what they recognise and blank
+it out, so every word and number is used once ("rms norm" is not also a "mean"):
+  context phrases and clamps -> dtype -> sizes and shapes (request.phrases) -> formulas
+  ("relu(x + y)", request.formulas) -> op words -> reduce axis (request.words).
+Afterwards no number and no op verb ("add", "scale") may be left over.  The op words give at
+most one core op (softmax, rmsnorm, matmul ...) plus pointwise steps (pointwise.py vocabulary);
+their order in the text ("after" reverses it) is the chain order; the family's builder
+(request.build) turns that into dims and params.  The reading context and its regex building
+blocks are request.reading; the ops each family serves are kernels.ops, defined once.
+
+An LLM parser can be added as a fallback behind the same interface: text in, ParseResult out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mtmc.kernels import pointwise
+from mtmc.kernels.ops import FAMILY_OPS
+from mtmc.kernels.spec import KernelSpec
+from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
+from mtmc.request.formulas import _read_formulas
+from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
+from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
+from mtmc.request.words import _check_clauses, _check_leftovers, _check_tensor_count, _read_axis, _read_words
+
+
+@dataclass
+class ParseResult:
+    """spec is None when the request could not be served; message then says why."""
+
+    spec: KernelSpec | None
+    understood: dict = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.spec is not None
+
+
+# -- the entry points -------------------------------------------------------------------------
+
+def parse_request(text: str) -> ParseResult:
+    """A request in words -> ParseResult (spec or a plain-words reason). Never raises."""
+    if not isinstance(text, str):
+        return ParseResult(None, {}, [], "A kernel request must be text.")
+    if len(text) > MAX_CHARS:
+        return ParseResult(None, {}, [], f"The request is {len(text)} characters long; I read requests of up "
+                           f"to {MAX_CHARS}. To optimize a whole model, upload its module file instead.")
+    ctx = _Ctx(text)
+    try:
+        spec = _parse(ctx)
+    except _Fail as exc:
+        reason = str(exc)
+        no_op = reason.startswith("I found no kernel op")
+        return ParseResult(None, ctx.understood, ctx.assumptions, _failure_message(reason, ctx.understood, no_op))
+    except Exception as exc:  # a bug must not take the chat down; the message says it is one
+        return ParseResult(None, ctx.understood, ctx.assumptions,
+                           f"Internal parser error ({type(exc).__name__}: {exc}); please rephrase the request.\n"
+                           + _CATALOG_LINE)
+    return ParseResult(spec, ctx.understood, ctx.assumptions, _success_message(spec, ctx.assumptions))
+
+
+def _parse(ctx: _Ctx) -> KernelSpec:
+    _read_context(ctx)
+    _read_dtype(ctx)
+    _read_sizes(ctx)
+    _read_formulas(ctx)
+    _read_words(ctx)
+    _read_axis(ctx)
+    _check_leftovers(ctx)
+    _check_clauses(ctx)
+    family, op = _decide(ctx)
+    ctx.understood.update(family=family, op=op)
+    spec = _BUILDERS[family](ctx, op)
+    _check_sizes_used(ctx, family)
+    _check_tensor_count(ctx, spec)
+    for key in ("chain", "epilogue", "prologue"):
+        pointwise.validate_chain(spec.params.get(key, []))
+    spec.request = ctx.request
+    return spec
+
+
+_CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, tanh, exp, abs, square, scale/shift "
+                 "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
+                 "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
+                 "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
+                 "epilogue. For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
+
+
+def _describe_understood(understood: dict) -> str:
+    parts = []
+    if understood.get("ops"):
+        parts.append("ops " + "; ".join(understood["ops"]))
+    if understood.get("formula"):
+        parts.append("formula " + ", ".join(understood["formula"]))
+    if understood.get("shapes"):
+        parts.append("shapes " + ", ".join(_x(s) for s in understood["shapes"]))
+    if understood.get("sizes"):
+        parts.append("sizes " + ", ".join(f"{k}={v}" for k, v in understood["sizes"].items()))
+    for key in ("dtype", "axis", "eps", "temperature"):
+        if key in understood:
+            parts.append(f"{key} {understood[key]}")
+    if understood.get("unsupported"):
+        parts.append("unsupported " + ", ".join(understood["unsupported"]))
+    return "; ".join(parts) if parts else "nothing I could use"
+
+
+def _failure_message(reason: str, understood: dict, full_catalog: bool) -> str:
+    reason = reason[0].upper() + reason[1:]
+    catalog = supported_summary() if full_catalog else _CATALOG_LINE
+    return f"{reason}\nWhat I understood: {_describe_understood(understood)}.\n{catalog}"
+
+
+def _success_message(spec: KernelSpec, assumptions: list[str]) -> str:
+    dims = ", ".join(f"{k}={v}" for k, v in spec.dims.items())
+    details = []
+    for key in ("prologue", "chain", "epilogue"):
+        if spec.params.get(key):
+            details.append(f"{key} {pointwise.describe_chain(spec.params[key])}")
+    details += [f"{k} {spec.params[k]}" for k in ("scale", "eps", "b_layout", "affine", "bias", "shape")
+                if k in spec.params]
+    text = "; ".join([f"{spec.op} ({spec.family}), {dims}, {spec.dtype}", *details]) + "."
+    if assumptions:
+        text += " Assumed: " + "; ".join(assumptions) + "."
+    return text
+
+
+EXAMPLES = {
+    "elementwise": ["add a bias, then gelu, then scale by 0.5 on a 8192x4096 fp16 tensor",
+                    "relu(x + y) for two 4096x4096 tensors", "x * sigmoid(x) on a [8, 1024, 4096] bf16 tensor"],
+    "reduction": ["row-wise sum of a 4096x8192 float32 tensor", "argmax of each row, 1024 rows of width 50257",
+                  "sum of squares over the last dim of a 4096x4096 tensor"],
+    "softmax": ["Write a fused softmax over the rows of a 4096x8192 fp16 tensor",
+                "scaled softmax with scale 0.125 over 8192 rows and 1024 columns",
+                "log softmax of a (2048, 32000) bf16 tensor"],
+    "norm": ["rmsnorm on 8192 rows of width 4096", "layernorm of x plus a residual, 4096x1024 bf16, eps 1e-5"],
+    "matmul": ["batched matmul 32x512x512 by 32x512x1024 in bf16 with a relu",
+               "matmul 4096x4096 by 4096x1024 fp16 with a bias and gelu",
+               "linear layer with 4096 inputs and 11008 outputs on a batch of 8192 tokens",
+               "x @ W^T + b with x 8192x4096 and W 11008x4096 in fp16"],
+}
+
+
+def supported_summary() -> str:
+    """What can be asked for, in plain words, with examples that parse."""
+    lines = ["I can write these kernels (one per request):",
+             "- elementwise chains on one tensor: " + ", ".join(pointwise.UNARY)
+             + "; with a number: scale, shift, leaky_relu, clamp_min, clamp_max; with a second tensor: "
+             + ", ".join(pointwise.BINARY) + "; and bias (a vector over the last dim).",
+             "- reductions along the last dim: " + ", ".join(FAMILY_OPS["reduction"])
+             + " (ops on the input fuse in: 'sum of squares').",
+             "- softmax, log_softmax along the last dim, optionally scaled.",
+             "- layernorm, rmsnorm along the last dim, with eps, a residual added before, and pointwise ops "
+             "after.",
+             "- matmul (M, N, K), batched matmul / bmm (B, M, N, K) and linear layers (x @ W^T), with "
+             "pointwise ops fused after (bias, relu, scale, residual ...).",
+             "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
+             "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
+             "Row ops work along the last dim only (over each row).",
+             "Examples:"]
+    lines += [f"  {family}: " + " | ".join(f"'{e}'" for e in examples) for family, examples in EXAMPLES.items()]
+    return "\n".join(lines)

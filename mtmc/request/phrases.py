@@ -1,0 +1,203 @@
+"""Phases 1-3 of reading a request: nn.Linear calls, context phrases, negations and clamps;
+the dtype; sizes and shapes."""
+from __future__ import annotations
+
+import re
+
+from mtmc.kernels.spec import DTYPE_ALIASES
+from mtmc.request.reading import INT, NUM, _Ctx, _Fail, _number, _rx
+
+
+# -- phase 1: nn.Linear calls, context phrases, negations, clamps --------------------------
+
+_DTYPE_WORD = r"(?:fp|float|bf|bfloat)[\s_-]?(?:16|32)|half|single|float|f16|f32"
+_CONTEXT = [
+    # Words that describe a kernel's inside or its data, not an op to add.
+    r"\battention\s+(?:scores|logits|weights|probs|probabilities|matrix|map)\b",
+    r"\bsubtract(?:s|ing)?\s+the\s+(?:row\s+|running\s+)?(?:max|maximum|mean)\b",
+    r"\bmax[\s_-]*subtraction\b|\bnumerically\s+stable\b|\bmean\s+and\s+var(?:iance)?\b",
+    rf"\b(?:accumulat\w*|accum)\s+(?:in\s+)?(?:{_DTYPE_WORD})\b|\b(?:{_DTYPE_WORD})\s+accumulat\w*",
+    r"\b(?:int32|int64)\s+(?:indices|index)\b",
+    r"\b[1-9][\s-]?d\b(?!\s*[=:])",                     # "a 3d tensor", "2-d"
+]
+_NEGATION = (r"\b(?:without|no|w/o)\s+(?:an?\s+|any\s+)?(?P<what>bias|residual)\b"
+             r"|\b(?P<what2>bias)\s*=\s*false\b")
+_NO_AFFINE = (r"\b(?:without|no)\s+(?:an?\s+|the\s+)?(?:affine|learn\w+\s+(?:weights?|parameters|params)"
+              r"|weights?(?:\s+and\s+bias)?|gamma(?:\s+and\s+beta)?)\b"
+              r"|\b(?:elementwise_)?affine\s*=\s*false\b")
+_AFFINE = (r"\bwith\s+(?:an?\s+|the\s+)?(?:learn\w+\s+)?(?:weights?|gamma|scale)"
+           r"(?:\s+and\s+(?:a\s+)?(?:bias|beta|shift))?\b(?!\s*(?:of|=|:|by)?\s*[-+\d.])"
+           r"|\bwith\s+(?:an?\s+)?bias\b|\b(?:elementwise_)?affine(?:\s*=\s*true)?\b|\bgamma(?:\s+and\s+beta)?\b")
+_NORM_WORD = r"\b(?:layer|rms)[\s_-]*norm"
+_CLAMP_VERB = r"\b(?:clamp|clip)(?:ed|ping|s)?(?:\s+(?:it|x|the\s+\w+|values?))?"
+_CLAMPS = [  # (pattern, which bounds its groups a/b give)
+    (rf"{_CLAMP_VERB}\s+(?:to|between|in|within|into|at)?\s*(?:the\s+range\s+)?[\[(]?\s*(?P<a>{NUM})"
+     rf"\s*(?:,|and|to|\.\.)\s*(?P<b>{NUM})\s*[\])]?", "range"),
+    (rf"\bclamp_(?P<side>min|max)\s*[=:(]?\s*(?:of\s+|at\s+|to\s+)?(?P<a>{NUM})\)?", "side"),
+    (rf"{_CLAMP_VERB}(?:\s+from)?\s+(?:(?:at|to|with)\s+)?(?:an?\s+|the\s+)?(?P<side>min|minimum|max|maximum|below"
+     rf"|above|lower\s+bound|upper\s+bound)(?:\s+(?:of|at|to))?\s*[=:]?\s*(?P<a>{NUM})", "side"),
+]
+_LINEAR_CALL = (rf"\b(?:nn\.)?linear\s*\(\s*(?:in_features\s*=\s*)?({INT})\s*,\s*(?:out_features\s*=\s*)?({INT})"
+                r"\s*(?:,\s*bias\s*=\s*(true|false)\s*)?\)")
+
+
+def _read_context(ctx: _Ctx) -> None:
+    for m in ctx.take(_LINEAR_CALL):   # first: its bias=False belongs to the call, not a negation
+        _linear_call(ctx, m)
+    for pattern in _CONTEXT:
+        for m in ctx.take(pattern):
+            ctx.note("context", m.group(0).strip())
+    for m in ctx.take(r"\bsquare\s+(?=(?:\w+\s+)?(?:matrix|matrices|matmul|gemm|shapes?)\b)"):
+        ctx.flags.add("square")
+    for m in ctx.take(_NEGATION):
+        ctx.flags.add("no_" + (m.group("what") or m.group("what2")))
+        ctx.note("context", m.group(0).strip())
+    if _rx(_NORM_WORD).search(ctx.s):
+        for m in ctx.take(_NO_AFFINE):
+            ctx.flags.add("no_affine")
+            ctx.note("context", m.group(0).strip())
+        for m in ctx.take(_AFFINE):
+            ctx.note("context", f"{m.group(0).strip()} (the norm's own weight/bias)")
+            if re.search(r"bias|beta|shift", m.group(0)):
+                ctx.flags.add("norm_bias")
+    for pattern, kind in _CLAMPS:
+        for m in ctx.take(pattern):
+            ctx.add_steps(m, _clamp_steps(m, kind))
+
+
+def _linear_call(ctx: _Ctx, m: re.Match) -> None:
+    """nn.Linear(4096, 11008[, bias=...]): the weight sizes, and its bias (on by default)."""
+    ctx.size("in_features", ctx.to_int(m.group(1)))
+    ctx.size("out_features", ctx.to_int(m.group(2)))
+    ctx.add_core(m, "matmul", "matmul")
+    ctx.flags.add("nk")
+    said = m.group(3)
+    rest = ctx.norm[:m.start()] + ctx.norm[m.end():]
+    if said == "true" or (said is None and not re.search(r"\bbias\b", rest)):
+        ctx.add_steps(m, [{"op": "bias"}])
+        if said is None:
+            ctx.assume("nn.Linear has a bias unless bias=False: fusing the bias add")
+
+
+def _clamp_steps(m: re.Match, kind: str) -> list[dict]:
+    a = _number(m.group("a"))
+    if kind == "range":
+        b = _number(m.group("b"))
+        if a > b:
+            raise _Fail(f"'{m.group(0).strip()}' asks for a lower bound {a:g} above the upper bound {b:g}.")
+        return [{"op": "clamp_min", "value": a}, {"op": "clamp_max", "value": b}]
+    lower = m.group("side") in ("min", "minimum", "below") or m.group("side").startswith("lower")
+    return [{"op": "clamp_min" if lower else "clamp_max", "value": a}]
+
+
+# -- phase 2: dtype -------------------------------------------------------------------------
+
+_INT_WORD = r"(?:int|ints|integers?|long|longs|bool|booleans?|short|byte|doubles?)"
+_BAD_DTYPES = (r"\b(?:fp8|float8\w*|e4m3\w*|e5m2\w*|u?int(?:4|8|16|32|64)|fp64|float64|f64|complex\w*"
+               r"|double[\s_-]*precision|torch\.(?:double|long|int|bool))\b"
+               # "a 64x64 int tensor", "in double", "a tensor of doubles" (not "double the values")
+               rf"|\b{_INT_WORD}(?=(?:\s+\d[\dxk*\s]*)?\s+(?:tensors?|matri\w*|arrays?|inputs?|vectors?|values|elements)\b)"
+               rf"|(?<=\b(?:in|of|as)\s){_INT_WORD}\b(?!\s+(?:the|it|its|each|every|all|x|them|values?)\b)"
+               rf"|\bdtype\s*[=:]?\s*{_INT_WORD}\b|(?<=\d\s){_INT_WORD}\b")
+_TF32 = r"\btf[\s_-]?32\b"
+
+
+def _dtype_words() -> tuple[str, dict[str, str]]:
+    """Regex for every dtype alias ("fp16", "fp 16", "half precision") and its reading table."""
+    table = {re.sub(r"[\s_-]", "", k): v for k, v in DTYPE_ALIASES.items() if k != "single"}
+    table.update({"halfprecision": "float16", "singleprecision": "float32"})
+    alts = [r"(?:half|single)[\s_-]*precision"]
+    for alias in sorted(DTYPE_ALIASES, key=len, reverse=True):
+        if alias == "single":   # "a single kernel": only "single precision" names a dtype
+            continue
+        p = re.escape(alias).replace(r"\ ", r"[\s_-]*")
+        alts.append(re.sub(r"(?<=[a-z])(?=\d)", lambda _: r"[\s_-]?", p))
+    return r"\b(?:" + "|".join(alts) + r")\b", table
+
+
+_DTYPE_RX, _DTYPE_TABLE = _dtype_words()
+
+
+def _read_dtype(ctx: _Ctx) -> None:
+    bad = ctx.take(_BAD_DTYPES)
+    if bad:
+        ctx.understood["dtype"] = bad[0].group(0)
+        raise _Fail(f"the dtype '{bad[0].group(0)}' is not supported: I write float32, float16 and "
+                    "bfloat16 kernels.")
+    found = {_DTYPE_TABLE[re.sub(r"[\s_-]", "", m.group(0))] for m in ctx.take(_DTYPE_RX)}
+    if ctx.take(_TF32):   # a compute mode, not a storage dtype
+        found.add("float32")
+        ctx.assume("tf32 read as float32: the kernel reads and writes float32 and multiplies in IEEE fp32 "
+                   "(as exact as PyTorch's default, no TF32)")
+    if len(found) > 1:
+        ctx.understood["dtype"] = sorted(found)
+        raise _Fail(f"the request names more than one dtype ({', '.join(sorted(found))}); a kernel here "
+                    "reads and writes one dtype, so say which.")
+    if found:
+        ctx.dtype = found.pop()
+        ctx.understood["dtype"] = ctx.dtype
+
+
+# -- phase 3: sizes and shapes --------------------------------------------------------------
+
+_TUPLE = (rf"\[\s*{INT}(?:\s*,\s*{INT})*\s*,?\s*\]|\(\s*{INT}(?:\s*,\s*{INT})+\s*,?\s*\)"
+          rf"|\(\s*{INT}\s*,\s*\)")
+_XSHAPE = r"(?<![\w.])\d+k?(?:\s*[x*]\s*\d+k?)+(?!\w|\.\d)"
+_BY_SHAPE = rf"{INT}(?:\s+by\s+{INT})+"
+_NAMED = rf"\b(?P<dims>(?:[bmnk]\s*[=:]\s*)+)(?P<v>{INT})"     # M=4096, M=N=K=1024
+_ROWS = r"(?:rows|tokens|vectors|samples|examples|items)\b"
+_SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings first
+    (rf"\b(?:a\s+)?batch\s+of\s+({INT})\s+{_ROWS}", ("rows",)),
+    (rf"({INT})\s+{_ROWS}", ("rows",)),
+    (rf"\b(?:num[\s_]*|n[\s_]*)?(?:rows|tokens)\s*[=:]\s*({INT})", ("rows",)),
+    (rf"\b(?:in[\s_-]*features|input[\s_-]*(?:size|dim\w*|features)|d[\s_-]*in)\s*(?:=|:|of|is)?\s*({INT})",
+     ("in_features",)),
+    (rf"({INT})\s+(?:inputs?|input[\s_-]*(?:features|dims?|units|channels))\b", ("in_features",)),
+    (rf"\b(?:out[\s_-]*features|output[\s_-]*(?:size|dim\w*|features)|d[\s_-]*out)\s*(?:=|:|of|is)?\s*({INT})",
+     ("out_features",)),
+    (rf"({INT})\s+(?:outputs?|output[\s_-]*(?:features|dims?|units|channels))\b", ("out_features",)),
+    (rf"\bfrom\s+({INT})\s+to\s+({INT})\b", ("in_features", "out_features")),
+    (rf"({INT})\s*->\s*({INT})", ("in_features", "out_features")),
+    (rf"\bbatch(?:[\s_-]*size)?\s*(?:of|=|:|is)?\s*({INT})", ("batch",)),
+    (rf"({INT})\s+(?:batch(?:es)?|sequences|sentences|images)\b", ("batch",)),
+    (rf"\b(?:seq(?:uence)?[\s_-]*len(?:gth)?|seqlen|context[\s_-]*(?:length|len))\s*(?:of|=|:|is)?\s*({INT})",
+     ("seq",)),
+    (rf"\brows?\s+of\s+(?:size\s+|length\s+|width\s+)?({INT})(?:\s+elements)?", ("cols",)),
+    (rf"\b(?:width|row[\s_-]*(?:length|size|width)|hidden(?:[\s_-]*(?:size|dim\w*))?|d[\s_-]*model"
+     rf"|embed\w*[\s_-]*(?:size|dim\w*)|feature[\s_-]*(?:size|dim\w*)|last[\s_-]*dim\w*|cols|columns"
+     rf"|num[\s_]*cols|n[\s_]*cols|vocab\w*(?:[\s_-]*size)?)\s*(?:of|=|:|is)?\s*({INT})", ("cols",)),
+    (rf"({INT})\s+(?:columns|cols|features|channels|hidden)\b", ("cols",)),
+    (rf"({INT})[\s-]+wide\b", ("cols",)),
+]
+_VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+)?({INT})",
+            rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
+            rf"({INT})[\s-]+(?:elements?|values|numbers|entries|floats)\b(?:\s+(?:vector|array|tensor))?"]
+
+
+def _read_sizes(ctx: _Ctx) -> None:
+    for pattern, split in ((_TUPLE, r"[^\dk]+"), (_XSHAPE, r"\s*[x*]\s*")):
+        for m in ctx.take(pattern):
+            _add_shape(ctx, m, [t for t in re.split(split, m.group(0)) if t])
+    for m in ctx.take(_NAMED):
+        for dim in re.findall(r"[bmnk]", m.group("dims")):
+            ctx.size(dim.upper(), ctx.to_int(m.group("v")))
+    for pattern, keys in _SIZE_WORDS:
+        for m in ctx.take(pattern):
+            for key, token in zip(keys, m.groups()):
+                ctx.size(key, ctx.to_int(token))
+    for m in ctx.take(_BY_SHAPE):
+        _add_shape(ctx, m, re.split(r"\s+by\s+", m.group(0)))
+    for pattern in _VECTORS:
+        for m in ctx.take(pattern):
+            _add_shape(ctx, m, [m.group(1)])
+
+
+def _add_shape(ctx: _Ctx, m: re.Match, tokens: list[str]) -> None:
+    shape = [ctx.to_int(t) for t in tokens]
+    # "two 4096x4096 matrices": the same shape for both operands.
+    copies = 2 if _rx(r"\b(?:two|both)\s+$").search(ctx.s[:m.start()]) else 1
+    if copies == 2:
+        ctx.flags.add("pair")
+    for _ in range(copies):
+        ctx.shapes.append(shape)
+        ctx.note("shapes", shape)

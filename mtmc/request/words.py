@@ -1,0 +1,320 @@
+"""Phases 5-7 of reading a request: op words (the core op and pointwise steps), the axis a row
+op works along, and the checks that nothing is left over."""
+from __future__ import annotations
+
+import difflib
+import re
+
+from mtmc.kernels import pointwise
+from mtmc.kernels.spec import KernelSpec
+from mtmc.request.reading import (
+    DEFAULT_LEAKY_SLOPE, NUM, _AFTER, _BOUNDARY, _Ctx, _Fail, _SEQ, _number, _rx, _vocabulary,
+)
+
+
+# -- phase 5: op words ----------------------------------------------------------------------
+
+_UNSUPPORTED = [  # (pattern, what it is); checked before anything could read part of it
+    (r"\bconv\w*|\bconvolution\w*", "convolution"),
+    (r"\b(?:flash[\s_-]*)?attention\b|\bsdpa\b|\bmulti[\s_-]*head\b", "attention"),
+    (r"\bbatch[\s_-]*norm\w*|\bbn\b", "batch norm"),
+    (r"\bgroup[\s_-]*norm\w*|\binstance[\s_-]*norm\w*|\bweight[\s_-]*norm\w*", "group/instance/weight norm"),
+    (r"\bl[12][\s_-]*norm\w*|\bfrobenius\b|\bvector\s+norm\b", "vector norms (L1/L2)"),
+    (r"\bcum[\s_-]*(?:sum|prod)\w*|\bcumulative\b|\bprefix[\s_-]*sums?\b|\bscan\b", "cumulative sums / scans"),
+    (r"\bsort\w*|\btop[\s_-]?k\b", "sorting / top-k"),
+    (r"\bembedding\w*|\bgather\w*|\bscatter\w*|\bindex[\s_-]*select\w*", "gather / scatter / embedding"),
+    (r"\b\w*pool\w*", "pooling"),
+    (r"\bfft\b|\bfourier\b", "FFT"),
+    (r"\bdropout\b", "dropout"),
+    (r"\bcross[\s_-]*entropy\b|\bloss\b|\bnll\b|\bmse\b|\bmean[\s_-]+(?:squared|absolute)[\s_-]+error\b",
+     "loss functions"),
+    (r"\blog[\s_-]*sum[\s_-]*exp\b", "logsumexp"),
+    (r"\btranspos\w*|\bpermut\w*|\breshap\w*|\bconcat\w*", "layout ops (transpose, permute, reshape, concat)"),
+    (r"\beinsum\b", "einsum"),
+    (r"\b(?:de)?quanti[sz]\w*", "quantization"),
+    (r"\bvariance\b|\bstd\b|\bstandard\s+deviation\b", "variance / standard deviation"),
+]
+_UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine|cos|cosine|softplus|mish|elu"
+                      r"|selu|celu|hard[\s_-]*(?:swish|sigmoid|tanh)|erf|reciprocal|floor|ceil)\b"
+                      r"|\bdivi\w*\s+(?:\w+\s+){0,2}?(?:by\s+)?(?:two|2|another|a\s+second|the\s+other|y\b)"
+                      r"|\b(?:element|point)[\s_-]*wise\s+divi\w*")
+_LAYOUT_NK = (r"\btranspos\w*\s+(?:the\s+)?(?:weight|w|b|rhs|second\s+(?:matrix|operand))\b"
+              r"|\b(?:weight|w|b|rhs)\s+(?:is\s+|stored\s+)?transposed\b|\bnk\s+layout\b"
+              r"|\bb_layout\s*=?\s*['\"]?nk['\"]?")
+_MATMUL_WORDS = r"(?:matmul|mat[\s_-]mul|gemm|[shd]gemm|mm|matrix[\s_-]*(?:multipl\w*|products?|mult))"
+_CORES = [  # (pattern, family, op); specific before general ("log softmax" is not also "softmax")
+    (r"\blog[\s_-]*soft[\s_-]?max\b|\blogsoftmax\b", "softmax", "log_softmax"),
+    (r"\bsoft[\s_-]?max\b", "softmax", "softmax"),
+    (r"\brms[\s_-]*norm\w*|\broot[\s_-]+mean[\s_-]+squared?[\s_-]+norm\w*", "norm", "rmsnorm"),
+    (r"\blayer[\s_-]*norm\w*", "norm", "layernorm"),
+    (r"\bnormali[sz]\w*|\bnorms?\b", "norm", None),
+    (rf"\b(?:bmm|batch(?:ed)?[\s_-]*{_MATMUL_WORDS})\b", "matmul", "bmm"),
+    (rf"\b{_MATMUL_WORDS}\b", "matmul", "matmul"),
+    (r"\bnn\.linear\b|\blinear(?:[\s_-]+(?:layer|projection|transform\w*))?\b|\bdense[\s_-]+layer\b"
+     r"|\bfully[\s_-]*connected(?:[\s_-]+layer)?\b", "matmul", "linear"),
+    (r"\barg[\s_-]?max\b", "reduction", "argmax"),
+    (r"\barg[\s_-]?min\b", "reduction", "argmin"),
+    (r"\b(?:reduce[\s_-]*)?(?:sum|sums|summation)\b", "reduction", "sum"),
+    (r"\b(?:reduce[\s_-]*)?(?:mean|means|average|avg)\b", "reduction", "mean"),
+    (r"\b(?:reduce[\s_-]*)?(?:max|maximum|maxima|amax)\b", "reduction", "max"),
+    (r"\b(?:reduce[\s_-]*)?(?:min|minimum|minima|amin)\b", "reduction", "min"),
+    (r"\breduc\w*", "reduction", None),
+]
+_VERB = r"(?:(?:add|adds|adding|apply|applies|applying|with)\s+(?:an?\s+|the\s+)?)?"
+_NUMERIC_STEPS = [  # (pattern with group v, step op, how the number becomes the value)
+    (rf"\bscal(?:e|ing)[\s_-]*factor\s*(?:of|=|:|is)?\s*(?P<v>{NUM})", "scale", None),
+    (rf"\b(?:scale[sd]?|multipl(?:y|ied|ies)|times|mul|alpha)\s+(?:(?:it|everything|the\s+(?:result|output|input"
+     rf"|values?|logits|scores))\s+)?(?:by\s+|with\s+|of\s+|=\s*|:\s*)?(?:a\s+(?:factor|constant)\s+(?:of\s+)?)?"
+     rf"(?P<v>{NUM})", "scale", None),
+    (rf"\balpha\s*=\s*(?P<v>{NUM})", "scale", None),
+    (rf"\b(?:divide[sd]?|divided)\s+(?:(?:it|everything|the\s+\w+)\s+)?by\s+(?P<v>{NUM})", "scale", "inverse"),
+    (rf"\b(?:add(?:s|ing|ed)?|plus|shift(?:ed|s)?(?:\s+by)?|offset(?:\s+by)?)\s+(?:a\s+constant\s+(?:of\s+)?)?"
+     rf"(?P<v>{NUM})", "shift", None),
+    (rf"\b(?:subtract(?:s|ing|ed)?|minus)\s+(?:a\s+constant\s+(?:of\s+)?)?(?P<v>{NUM})", "shift", "negate"),
+    (rf"{_VERB}\bleaky[\s_-]*relu\b(?:\s*\(?\s*(?:with\s+)?(?:an?\s+|the\s+)?(?:negative[\s_-]*)?(?:slope|alpha)?"
+     rf"\s*(?:of|=|:)?\s*(?P<v>{NUM})\s*\)?)?", "leaky_relu", None),
+]
+_VALUE_WORDS = [  # family parameters given in words
+    (rf"\b(?:eps|epsilon)\s*(?:of|=|:|is)?\s*(?P<v>{NUM})", "eps"),
+    (rf"\btemperature\s*(?:of|=|:|is)?\s*(?P<v>{NUM})", "temperature"),
+]
+_PAIR = (r"(?:(?:the\s+)?(?:two|2|a\s+pair\s+of|both)\s+(?:[\w-]+\s+)?"
+         r"(?:tensors|matrices|arrays|inputs|operands)\b)")
+_OTHER = (r"(?:(?:(?:an?|the)\s+)?(?:another|other|second|2nd)\s+(?:[\w-]+\s+)?"
+          r"(?:tensor|input|matrix|array|operand)\b|\by\b)")
+_BINARY_VERBS = {
+    "add": r"add|adds|adding|addition|sum|plus",
+    "sub": r"subtract|subtracts|subtracting|subtraction|sub|minus|difference",
+    "mul": r"hadamard\s+product|multiply|multiplies|multiplying|multiplied|multiplication|mul|times|product",
+    "maximum": r"max|maximum",
+    "minimum": r"min|minimum",
+}
+
+
+def _binary_pattern(verbs: str) -> str:
+    """The ways a binary op with a second full tensor is said: "add two tensors", "multiply by
+    another tensor", "max of x and y", "x times y", "elementwise product"."""
+    v = rf"\b(?:{verbs})\b"
+    return "|".join([
+        rf"{v}(?:\s+(?:of|up))?\s+{_PAIR}",
+        rf"{v}(?:\s+(?:it|x|by|with|to|and|from)){{0,2}}\s+{_OTHER}",
+        rf"{v}\s+(?:of\s+)?x\s+(?:and|with|by|to|from)\s+y\b",
+        rf"\bx\s+(?:{verbs})\s+(?:by\s+)?y\b",
+        rf"\b(?:element|point)[\s_-]*wise\s+(?:{verbs})\b",
+    ])
+
+
+_OPERAND_STEPS = [
+    (rf"(?:\b(?:add|adds|adding|plus|with)\s+(?:an?\s+|the\s+)?)?\b(?:learn\w+\s+)?bias(?:es)?"
+     rf"(?:[\s_-]*add(?:ition)?)?\b", "bias"),
+    (r"(?:\b(?:add|adds|adding|plus|with)\s+(?:an?\s+|the\s+)?)?\b(?:residual|skip[\s_-]*connection|shortcut)"
+     r"(?:\s+(?:add|connection|tensor|input|stream))?\b", "residual"),
+    (r"\bhadamard(?:\s+product)?\b", "mul"),
+]
+_UNARY_WORDS = [  # specific before general: "gelu with tanh approximation" is neither gelu nor tanh
+    (r"relu[\s_-]?6", [{"op": "clamp_min", "value": 0.0}, {"op": "clamp_max", "value": 6.0}]),
+    (r"gelu[\s_-]*(?:\(\s*)?(?:(?:with|using)\s+)?(?:the\s+|a\s+)?tanh(?:[\s_-]*approx\w*)?(?:\s*\))?"
+     r"|(?:tanh|approx\w*|fast)[\s_-]+(?:approximat\w*\s+)?gelu|gelu[\s_-]+approx\w*", [{"op": "gelu_tanh"}]),
+    (r"gelu(?:\s*\(?\s*(?:exact|erf)\s*\)?)?", [{"op": "gelu"}]),
+    (r"silu|swish", [{"op": "silu"}]),
+    (r"sigmoid|logistic", [{"op": "sigmoid"}]),
+    (r"tanh", [{"op": "tanh"}]),
+    (r"exp|exponential|exponentiate", [{"op": "exp"}]),
+    (r"abs|absolute(?:\s+values?)?", [{"op": "abs"}]),
+    (r"neg|negate|negated|negation", [{"op": "neg"}]),
+    (r"square|squares|squared|squaring", [{"op": "square"}]),
+    (r"relu", [{"op": "relu"}]),
+]
+# "fused add + rmsnorm": the residual add before a norm (read before the norm words are taken).
+_ADD_NORM = r"\badd\s*(?:\+|&|and|-)\s*(?=(?:layer|rms)[\s_-]*norm)"
+_ELEMENTWISE_WORDS = r"\b(?:element|point)[\s_-]*wise\b|\bhadamard\b"
+_MULTIPLY = r"\b(?:multipl\w*|times|product(?:\s+of)?)\b(?!\s*(?:by\s+|with\s+)?[-+]?[\d.])"
+
+
+def _read_words(ctx: _Ctx) -> None:
+    for m in ctx.take(_LAYOUT_NK):
+        ctx.flags.add("nk")
+        ctx.note("ops", f"{m.group(0).strip()!r} -> weight stored [N, K]")
+    for pattern, what in _UNSUPPORTED:
+        for m in ctx.take(pattern):
+            ctx.note("unsupported", what)
+            raise _Fail(f"{what[0].upper() + what[1:]} ('{m.group(0).strip()}') is not in the catalog yet, "
+                        "so I cannot write it.")
+    _read_matrix_product(ctx)
+    for op, verbs in _BINARY_VERBS.items():
+        for m in ctx.take(_binary_pattern(verbs)):
+            ctx.add_steps(m, [{"op": op}])
+    for m in ctx.take(r"\bscaled\s+(?=(?:log[\s_-]*)?soft[\s_-]?max)"):
+        ctx.flags.add("scaled_softmax")
+    for m in ctx.take(_ADD_NORM):
+        ctx.add_steps(m, [{"op": "residual"}])
+    for pattern, family, op in _CORES:
+        for m in ctx.take(pattern):
+            if op == "linear":   # a linear layer is a matmul with the weight stored [N, K]
+                ctx.flags.add("nk")
+            ctx.add_core(m, family, "matmul" if op == "linear" else op)
+    _read_numeric_steps(ctx)
+    for m in ctx.take(_UNSUPPORTED_STEPS):
+        ctx.note("unsupported", m.group(0).strip())
+        raise _Fail(f"'{m.group(0).strip()}' is not in the pointwise vocabulary; the ops I can chain are: "
+                    f"{_vocabulary()}.")
+    for pattern, op in _OPERAND_STEPS:
+        for m in ctx.take(pattern):
+            if op in ("bias", "residual") and f"no_{op}" in ctx.flags:
+                raise _Fail(f"the request both asks for a {op} and says there is none.")
+            ctx.add_steps(m, [{"op": op}])
+    for words, steps in _UNARY_WORDS:
+        for m in ctx.take(rf"{_VERB}\b(?:{words})\b(?:\s+activation)?"):
+            ctx.add_steps(m, [dict(s) for s in steps])
+    for m in ctx.take(_ELEMENTWISE_WORDS):   # a chain needs no more than its steps
+        ctx.note("context", m.group(0).strip())
+
+
+def _read_matrix_product(ctx: _Ctx) -> None:
+    """"a 1024x512 matrix times a 512x256 matrix", "multiply two 4096x4096 matrices": a matmul,
+    unless the request says elementwise (then it is the mul step)."""
+    if _rx(_ELEMENTWISE_WORDS).search(ctx.s) or not _rx(r"\bmatri(?:x|ces)\b").search(ctx.s):
+        return
+    for m in ctx.take(_MULTIPLY):
+        ctx.add_core(m, "matmul", "matmul")
+
+
+def _read_numeric_steps(ctx: _Ctx) -> None:
+    for pattern, op, how in _NUMERIC_STEPS:
+        for m in ctx.take(pattern):
+            if m.group("v") is None:   # "leaky relu" with no slope
+                value = DEFAULT_LEAKY_SLOPE
+                ctx.assume(f"no leaky relu slope given: using PyTorch's default {DEFAULT_LEAKY_SLOPE}")
+            else:
+                value = _number(m.group("v"))
+            if how == "inverse":
+                if value == 0:
+                    raise _Fail(f"'{m.group(0).strip()}' divides by zero.")
+                value = 1.0 / value
+            elif how == "negate":
+                value = -value
+            ctx.add_steps(m, [{"op": op, "value": value}])
+    for pattern, key in _VALUE_WORDS:
+        for m in ctx.take(pattern):
+            ctx.value(key, _number(m.group("v")))
+
+
+# -- phase 6: which axis a row op works along -----------------------------------------------
+
+_LAST_AXIS = (r"\b(?:row[\s_-]*wise|per[\s_-]+row|(?:each|every)\s+row"
+              r"|(?:over|along|across|for)\s+(?:the\s+|each\s+)?rows"
+              r"|(?:over|along|across)\s+(?:the\s+)?(?:last|final|inner(?:most)?)\s+(?:dim\w*|axis))\b")
+_OTHER_AXES = [  # (pattern, how the message names that axis); all refused by _check_axis
+    (r"\b(?:column[\s_-]*wise|per[\s_-]+column|(?:each|every)\s+column|(?:over|along|across|down)\s+"
+     r"(?:the\s+)?columns?|(?:over|along|across)\s+(?:the\s+)?(?:first|leading|outer)\s+(?:dim\w*|axis))\b",
+     "the columns"),
+    (r"\b(?:last|final|first)\s+(?:two|three|four|[2-9])\s+(?:dim\w*|axes)\b", "several dims"),
+    (r"\b(?:all\s+(?:the\s+)?(?:elements|dims|dimensions|axes|values)"
+     r"|(?:the\s+)?(?:whole|entire)\s+(?:tensor|matrix|array)"
+     r"|global(?:ly)?|full\s+reduction|to\s+a\s+(?:single\s+)?scalar)\b", "all elements"),
+]
+_AXIS_NUMBER = r"\b(?:dim|axis|dimension)\s*(?:=|:)?\s*(?P<d>-?\d+)(?!\w|\.\d)"
+
+
+_ROW_OP = r"\brows?(?=[\s_-]+(?:sums?|means?|max\w*|min\w*|arg[\s_-]?(?:max|min)|averages?|reduc\w*)\b)"
+
+
+def _read_axis(ctx: _Ctx) -> None:
+    for m in _rx(_ROW_OP).finditer(ctx.norm):   # "row sum": the op words are already taken
+        if ctx.s[m.start():m.end()] == m.group(0):
+            ctx.s = ctx.s[:m.start()] + " " * (m.end() - m.start()) + ctx.s[m.end():]
+            ctx.reduce_dim = "last"
+    for m in ctx.take(_LAST_AXIS):
+        ctx.reduce_dim = ctx.reduce_dim if ctx.reduce_dim is not None else "last"
+    for pattern, where in _OTHER_AXES:
+        if ctx.take(pattern):
+            ctx.reduce_dim = where
+    for m in ctx.take(_AXIS_NUMBER):
+        ctx.reduce_dim = int(m.group("d"))
+    if ctx.reduce_dim is not None:
+        ctx.understood["axis"] = ctx.reduce_dim
+
+
+def _check_axis(ctx: _Ctx, ndim: int, what: str) -> None:
+    """Row ops work along the last dim; anything else is refused, never silently transposed."""
+    d = ctx.reduce_dim
+    if d is None or d == "last":
+        return
+    if isinstance(d, int) and -ndim <= d < ndim and d % ndim == ndim - 1:
+        return
+    where = d if isinstance(d, str) else f"dim {d}"
+    hint = "" if d == "all elements" else " Transpose the input first, or ask for the op over the rows."
+    raise _Fail(f"{what} over {where} of a {ndim}-d tensor is not supported yet: row ops work along the "
+                f"last dim only (each row, over its columns).{hint}")
+
+
+# -- phase 7: nothing may be left over --------------------------------------------------------
+
+_LEFT_NUMBER = r"(?<![a-z_\d.])[-+]?\d[\w.]*"   # any digit run not inside a name (h100)
+_LEFT_PARAM = r"\b(?:clamp\w*|clip\w*|eps|epsilon|temperature|leaky|slope|[bmnk]\s*=)"
+_LEFT_VERB = r"\b(?:add|adds|subtract\w*|multipl\w*|divide\w*|plus|minus|times|scale|scaled|scales)\b"
+
+
+def _check_leftovers(ctx: _Ctx) -> None:
+    numbers = _rx(_LEFT_NUMBER).findall(ctx.s)
+    if numbers:
+        raise _Fail(f"I could not tell what {', '.join(numbers[:3])} means here. Give sizes as a shape "
+                    "(4096x8192, [32, 128, 4096], '8192 rows of width 4096', M=.. N=.. K=..) and values "
+                    "after their op ('scale by 0.5', 'eps 1e-5').")
+    params = _rx(_LEFT_PARAM).findall(ctx.s)
+    if params:
+        raise _Fail(f"I saw '{params[0].strip()}' but no value for it: say e.g. 'eps 1e-5', 'temperature 2', "
+                    "'clamp to [0, 6]', 'leaky relu with slope 0.1', 'M=4096'.")
+    verbs = _rx(_LEFT_VERB).findall(ctx.s)
+    if verbs:
+        raise _Fail(f"I saw '{verbs[0]}' but not what it applies to: say e.g. 'add a bias', 'add a "
+                    "residual', 'add another tensor', 'scale by 0.5'.")
+
+
+# Words a clause may hold besides its op: articles, verbs of doing, names of the data.
+_FILLER = frozenset("""a an the it its on to in into of for over along across with and by is are be that this
+    we also then finally next apply applies applying applied do does compute computes computing take takes taking
+    calculate calculates perform performs run runs fused fuse fusing kernel op operation same result results output
+    outputs input inputs tensor tensors matrix matrices array arrays value values element elements each every row
+    rows all one single elementwise pointwise wise per x y""".split())
+_OP_NAMES = ("softmax", "log_softmax", "logsoftmax", "layernorm", "rmsnorm", "normalize", "matmul", "gemm", "bmm",
+             "linear", "sum", "mean", "average", "max", "min", "argmax", "argmin", "reduce", "relu", "gelu", "silu",
+             "swish", "sigmoid", "tanh", "exp", "abs", "negate", "square", "scale", "shift", "clamp", "leaky_relu",
+             "bias", "residual", "add", "subtract", "multiply", "maximum", "minimum")
+
+
+def _unread_words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[a-z][a-z_]*", text) if w not in _FILLER]
+
+
+def _did_you_mean(words: list[str]) -> str:
+    for w in words:
+        close = difflib.get_close_matches(w, _OP_NAMES, n=1, cutoff=0.75)
+        if close and close[0] != w:
+            return f" Did you mean '{close[0]}' for '{w}'?"
+    return ""
+
+
+def _check_clauses(ctx: _Ctx) -> None:
+    """"relu then sofmax", "gelu then round": a clause after "then" / "after" in which no op was
+    read holds a word outside the vocabulary; dropping it would write a kernel nobody asked for."""
+    bounds = sorted(m.start() for m in _rx(_BOUNDARY + "|" + _AFTER).finditer(ctx.norm))
+    for mark in _rx(_SEQ + "|" + _AFTER).finditer(ctx.norm):
+        end = next((b for b in bounds if b >= mark.end()), len(ctx.norm))
+        if any(mark.end() <= it.pos < end for it in ctx.items):
+            continue
+        words = _unread_words(ctx.s[mark.end():end])
+        if words:
+            raise _Fail(f"I could not read '{' '.join(words)}' (after '{mark.group(0).strip()}'): it is not an op "
+                        f"I know, and I do not drop words silently.{_did_you_mean(words)}")
+
+
+def _check_tensor_count(ctx: _Ctx, spec: KernelSpec) -> None:
+    """"sigmoid of two 4096x4096 tensors": two tensors named, but the ops read only one."""
+    if spec.family == "matmul" or not ("pair" in ctx.flags or _rx(_PAIR).search(ctx.norm)):
+        return
+    steps = [s for k in ("chain", "prologue", "epilogue") for s in spec.params.get(k, [])]
+    if not any(pointwise.operand_kind(s) == "full" for s in steps):
+        raise _Fail(f"the request names two tensors, but the ops I read ({', '.join(ctx.understood.get('ops', []))}) "
+                    "take only one; say how the second one enters, e.g. 'x - y', 'multiply by another tensor', "
+                    "'relu(x + y)'.")
