@@ -1,9 +1,10 @@
 """The import rules of docs/ARCHITECTURE.md, read from the code.
 
-Packages import one way:  app, ui, commands -> agents -> {request, module, kernels, policy, memory}
--> tools;  tools imports nothing above it;  nothing imports ui or commands (but app.py and the
-command line's entry, mtmc/cli.py, which the benchmarks run);  paths and events (plain data) are imported by any layer and
-import nothing of the project;  no import cycle between modules or between packages.
+Packages import one way:  app, ui, commands -> agents -> {request, module, kernels, policy, memory,
+answers} -> tools;  tools imports nothing above it;  nothing imports ui or commands (but app.py and
+the command line's entry, mtmc/cli.py, which the benchmarks run);  paths, events and prompts (plain
+data and text) are imported by any layer and import nothing of the project;  no import cycle
+between modules or between packages.
 
 Every import counts, the lazy ones inside functions included, and so does a string that names a
 module of the project (a module started as `python -m NAME` or imported by name is a dependency
@@ -17,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Layers, top first; packages of one layer may import each other, without cycles.
-LAYERS = [{"app", "bench", "ui", "commands", "cli"}, {"agents"}, {"request", "module", "kernels", "policy", "memory"},
-          {"tools"}, {"paths", "events"}]
+LAYERS = [{"app", "bench", "ui", "commands", "cli"}, {"agents"},
+          {"request", "module", "kernels", "policy", "memory", "answers"}, {"tools"}, {"paths", "events", "prompts"}]
 RANK = {pkg: len(LAYERS) - i for i, layer in enumerate(LAYERS) for pkg in layer}
 # Who may import the top layer: app.py the chat, the command line its commands, and the
 # benchmarks the command line (they run `mtmc optimize` as a user does).

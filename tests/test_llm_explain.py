@@ -5,8 +5,8 @@ The run is a hand-written record (no kernel runs here)."""
 import pytest
 
 from mtmc import cli
-from mtmc.agents import llm as chat_model
-from mtmc.agents.explainer import FACTS_HEAD, explain, unsupported_numbers
+from mtmc.tools import llm as chat_model
+from mtmc.answers.explainer import FACTS_HEAD, explain, unsupported_numbers
 from mtmc.memory import Store
 from mtmc.memory.records import HistoryRecord
 from mtmc.request.parse import parse_request

@@ -1,4 +1,4 @@
-"""The offline roofline estimate (tools.estimate): labelled, bounded below by the ideal, and
+"""The offline roofline estimate (kernels.estimate): labelled, bounded below by the ideal, and
 monotone in the directions an expert would defend."""
 import itertools
 import math

@@ -5,8 +5,9 @@ import difflib
 
 from langgraph.runtime import Runtime
 
+from mtmc import events as E
 from mtmc.agents.context import Context
-from mtmc.agents.events import emit
+from mtmc.agents.stream import emit
 from mtmc.agents.planner import history_used
 from mtmc.agents.state import State
 from mtmc.kernels.catalog import family_of
@@ -57,7 +58,7 @@ def first_draft(state: State, runtime: Runtime[Context]) -> dict:
     source = family.render(spec, config)
     decision = {"action": {"kind": "init", "knob": None, "value": None}, "origin": origin, "reason": reason,
                 "alternatives": [], "history": history_used(state, warm["id"] if warm else None)}
-    emit("code", step=0, config=config, diff="", origin=origin, history=decision["history"])
+    emit(E.Code(step=0, config=config, diff="", origin=origin, history=decision["history"]))
     return {"candidate": {"config": config, "source": source, "step": 0}, "decision": decision,
             "best": {}, "debug_attempts": 0, "stale_steps": 0}
 
@@ -72,5 +73,5 @@ def code(state: State, runtime: Runtime[Context]) -> dict:
     source = family_of(spec).render(spec, config)
     step = len(state.get("steps", []))
     diff = source_diff(base["source"], source)
-    emit("code", step=step, config=config, diff=diff, origin=decision.get("origin"))
+    emit(E.Code(step=step, config=config, diff=diff, origin=decision.get("origin")))
     return {"candidate": {"config": config, "source": source, "step": step, "diff": diff}}

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
+from mtmc import events as E
 from mtmc.agents.context import Context
-from mtmc.agents.events import emit
+from mtmc.agents.stream import emit
 from mtmc.agents.state import State
 from mtmc.agents.verifier import step_record
 from mtmc.kernels.catalog import family_of
@@ -80,14 +81,14 @@ def debug(state: State, runtime: Runtime[Context]) -> dict:
     verdict = cand["verdict"]
     fix = propose_fix(spec, cand["config"], verdict, set(state.get("tried", [])))
     if fix is None:
-        emit("debug", step=cand["step"], fix=None, reason=f"no safe fix for {verdict.get('kind')}: roll back")
+        emit(E.Debug(step=cand["step"], fix=None, reason=f"no safe fix for {verdict.get('kind')}: roll back"))
         return {"debug_attempts": runtime.context.max_debug + 1}  # routes to rollback
     action, why = fix
     record = step_record(state, f"failed ({verdict.get('kind')}: {verdict.get('detail', '')[:200]}); debugger: {action.label()}")
     decision = {"action": action.to_dict(), "origin": "debugger", "alternatives": [],
                 "reason": f"{verdict.get('kind')}: {why}"}
-    emit("debug", step=cand["step"], fix=action.label(), reason=decision["reason"])
-    emit("step", **record)
+    emit(E.Debug(step=cand["step"], fix=action.label(), reason=decision["reason"]))
+    emit(E.build("step", **record))
     return {"decision": decision, "debug_attempts": state.get("debug_attempts", 0) + 1, "steps": state.get("steps", []) + [record]}
 
 

@@ -5,8 +5,10 @@ from pathlib import Path
 
 from langgraph.runtime import Runtime
 
+from mtmc import events as E
 from mtmc.agents.context import Context
-from mtmc.agents.events import emit
+from mtmc.agents.stream import emit
+from mtmc.events.text import timing_line
 from mtmc.agents.state import State
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.codegen import standalone_source
@@ -14,19 +16,6 @@ from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import HistoryRecord, Store, current_versions, new_id, now_iso
 from mtmc.paths import artifacts_dir
 from mtmc.tools.hardware import resolve
-
-
-def timing_line(verdict: dict, baselines: dict | None) -> str:
-    timing = verdict.get("timing") or {}
-    if not verdict.get("measured"):
-        return f"time: {verdict.get('time_ms', float('nan')):.4f} ms ({timing.get('label', 'estimate, no GPU')})"
-    parts = [f"time: {verdict['time_ms']:.4f} ms measured on {timing.get('device', 'GPU')}"]
-    for name in ("eager", "compile"):
-        ms = (baselines or {}).get(f"{name}_ms")
-        if isinstance(ms, (int, float)) and ms > 0:
-            label = "PyTorch eager" if name == "eager" else "torch.compile"
-            parts.append(f"{ms / verdict['time_ms']:.2f}x vs {label} ({ms:.4f} ms)")
-    return "; ".join(parts)
 
 
 def summary_text(spec: KernelSpec, best: dict, baselines: dict | None, target: str) -> str:
@@ -46,7 +35,7 @@ def finalize(state: State, runtime: Runtime[Context]) -> dict:
     if not best:
         msg = ("No correct kernel was found for " + describe(spec) + ". Every draft failed verification; "
                "the steps above say why.")
-        emit("final", status="failed", message=msg)
+        emit(E.Final(status="failed", message=msg))
         return {"status": "failed", "message": msg, "history_id": None}
     summary = summary_text(spec, best, state.get("baselines"), runtime.context.target)
     path = Path(runtime.context.out_path or artifacts_dir() / f"{spec.op}_{spec.key()}.py")
@@ -61,7 +50,7 @@ def finalize(state: State, runtime: Runtime[Context]) -> dict:
     except OSError as exc:  # the kernel is written; say plainly that the history was not kept
         stored, memory = None, f"Memory: history not stored ({exc})"
     msg = f"{describe(spec)}: best draft is step {best['step']}.\n{summary}\nKernel file: {path}\n{memory}"
-    emit("final", status="done", message=msg, artifact=str(path), history_id=stored)
+    emit(E.Final(status="done", message=msg, artifact=str(path), history_id=stored))
     return {"status": "done", "message": msg, "artifact": str(path), "history_id": stored}
 
 

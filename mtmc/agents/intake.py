@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
+from mtmc import events as E
 from mtmc.agents.context import Context
-from mtmc.agents.events import emit
+from mtmc.agents.stream import emit
 from mtmc.agents.state import State
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
@@ -32,21 +33,21 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
             family_of(spec).validate(spec)
             check_fits(spec, runtime.context.target)
         except ValueError as exc:
-            emit("unsupported", message=str(exc))
+            emit(E.Unsupported(message=str(exc)))
             return {"status": "unsupported", "message": str(exc)}
-        emit("parsed", spec=spec.to_dict(), description=describe(spec), assumptions=[])
+        emit(E.Parsed(spec=spec.to_dict(), description=describe(spec), assumptions=[]))
         return {"status": "running", "assumptions": [], "spec": spec.to_dict()}
     result = parse_request(state["request"])
     if not result.ok:
-        emit("unsupported", message=result.message)
+        emit(E.Unsupported(message=result.message))
         return {"status": "unsupported", "message": result.message}
     spec = result.spec
     try:
         check_fits(spec, runtime.context.target)
     except ValueError as exc:
-        emit("unsupported", message=str(exc))
+        emit(E.Unsupported(message=str(exc)))
         return {"status": "unsupported", "message": str(exc)}
-    emit("parsed", spec=spec.to_dict(), description=describe(spec), assumptions=result.assumptions)
+    emit(E.Parsed(spec=spec.to_dict(), description=describe(spec), assumptions=list(result.assumptions)))
     return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions)}
 
 
@@ -58,6 +59,7 @@ def retrieve(state: State, runtime: Runtime[Context]) -> dict:
     note = f"{len(retrieved)} similar past histories on {gpu}"
     if store.index_note:  # Chroma unusable here: the log was ranked by shape, dtype and op alone
         note += f" (from the log by shape, dtype and op; memory index unavailable: {store.index_note})"
-    emit("retrieved", count=len(retrieved), gpu=gpu, note=note,
-         histories=[{k: h[k] for k in ("id", "description", "final_config", "stale", "score")} for h in retrieved])
+    emit(E.Retrieved(count=len(retrieved), gpu=gpu, note=note,
+                     histories=[{k: h[k] for k in ("id", "description", "final_config", "stale", "score")}
+                                for h in retrieved]))
     return {"retrieved": retrieved}

@@ -1,372 +1,269 @@
-"""Optimize an uploaded PyTorch module end to end (DESIGN.md, "Who uses it", 2).
+"""The module flow (DESIGN.md, "Data flow"): an uploaded module as a LangGraph graph, run by
+`mtmc optimize`, the chat and the benchmarks through `optimize_module` (`plan_module`: capture and
+plan only, `mtmc optimize --plan-only`).
 
-  capture (child) -> partition -> the MTMC loop on each group -> assemble ModelNew -> check it
-  against Model with the guard of `mtmc verify` (two children) -> on a GPU: time it against
-  eager and torch.compile -> report
+  capture -> plan -+-> Send: group (one per distinct fusion group, the kernel graph as its
+                   |          subgraph; independent groups run side by side) -+-> assemble -> check -> time -> report
+                   +-> (no group) ------------------------------------------+
+  capture --(rejected)--> END
 
-The upload is never imported here: capture, the check and the timing run in sandboxed children
-(timeout, memory limit, no network).  A bad upload (syntax error, missing get_inputs, an import
-that hangs or allocates without bound, a forward that raises) ends the run with status
-"rejected" and a message that says what went wrong and where; the app keeps running.
+- **capture**: the upload's file checks, then torch.fx on fake tensors in a sandboxed child
+  (module_steps.capture_checked); too big or broken: status "rejected".
+- **plan** (the graph stage): the captured graph split into fusion groups the catalog serves and
+  ops left to PyTorch (module.fusion).
+- **group**: the kernel graph (agents.graph) on the group's spec, invoked inside the node: it is
+  checkpointed under the module run's thread, in the group task's own namespace.  Groups of one
+  spec run once; the others copy the outcome (`same_as`).
+- **assemble** ModelNew with every kernel; **check** it against Model with the guard (groups
+  that break it fall back, ModelNew is written again); **time** it on a GPU; **report**.
 
-Speed decides only where it is measured: on a GPU a group whose best kernel is slower than
-PyTorch eager on that group stays PyTorch; without one every group the catalog serves gets its
-kernel (times are roofline estimates, labelled so).  A group whose kernel passed its own check
-but breaks the whole module's check also stays PyTorch, so the written ModelNew is always the
-last version that passed.
+The state is plain data (the checkpointer keeps it); events are mtmc.events dataclasses sent on
+the custom stream, a group's kernel events tagged with its id.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
-import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
 from pathlib import Path
+from typing import Annotated, TypedDict
 
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Send
+
+from mtmc import events as E
+from mtmc.agents import module_steps as steps
 from mtmc.agents.context import Context
-from mtmc.agents.module_report import markdown_report, summary_json
-from mtmc.agents.runner import run_request
+# the steps' names that callers and tests reach through the flow
+from mtmc.agents.module_steps import (  # noqa: F401
+    CAPTURE_TIMEOUT_S, Rejected, assemble_checked, capture_in_child, check_in_child, check_syntax, reference_run,
+)
+from mtmc.module.report import markdown_report, summary_json
+from mtmc.agents.runner import FRESH_RUN, stream_run
+from mtmc.agents.stream import emit
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import KernelSpec
-from mtmc.module import worker as module_worker
-from mtmc.module.assemble import assemble
-from mtmc.module.capture import PHASES, info_bytes, last_phase
 from mtmc.module.fusion import Group, Partition, partition
-from mtmc.module.module_file import ModuleFileError, check_file
-from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
-from mtmc.tools.hardware import gpu_available
-from mtmc.tools.isolation import Confinement, IsolationUnavailable
-from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
-from mtmc.tools.worker import run_job
-
-CAPTURE_TIMEOUT_S = 120.0
-MEMORY_MB = 8192  # the interpreter's whole-module check on CPU; capture's cap comes from the machine
-
-
-class Rejected(Exception):
-    """The upload cannot be optimized; the message says why in plain words."""
-
-
-# -- capture --------------------------------------------------------------------------------
-
-def check_syntax(source: str, name: str) -> None:
-    """Parse (never run) the upload, so a syntax error is answered at once."""
-    try:
-        ast.parse(source, filename=name)
-    except SyntaxError as e:
-        text = f"\n  {e.text.strip()}" if e.text else ""
-        raise Rejected(f"{name} has a syntax error at line {e.lineno}: {e.msg}{text}") from None
-
-
-def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None) -> dict:
-    """module.capture's result for the file, from a sandboxed child capped at memory_mb (default:
-    machine.capture_memory_mb(), a share of free host memory); Rejected with a clear message
-    when the upload cannot be captured."""
-    name = os.path.basename(path)
-    memory_mb = capture_memory_mb() if memory_mb is None else memory_mb
-    try:
-        result = module_worker.run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s,
-                         memory_mb=memory_mb, confine=Confinement(ro=[path]))
-    except IsolationUnavailable as e:
-        raise Rejected(f"{name}: {e}") from None
-    status = result.get("status")
-    phase = PHASES.get(last_phase(result.get("stderr_tail") or "") or "", "loading it")
-    if status == "timed_out":
-        raise Rejected(f"{name}: {phase} did not finish within {timeout_s:g} s (an endless loop, or waiting "
-                       "on something that never answers); the child process was stopped")
-    if status == "crashed":
-        tail = result.get("stderr_tail") or ""
-        if "MemoryError" in tail or "memory" in tail.lower() or result.get("returncode") == -9:
-            raise Rejected(f"{name}: {phase} ran out of memory (the limit is {memory_mb} MB); the child process died")
-        raise Rejected(f"{name}: the child process died while {phase}: {result.get('detail', '')[:500]}")
-    if status == "error":
-        if result.get("error_type") == "MemoryError":
-            raise Rejected(f"{name}: {phase} ran out of memory (the limit is {memory_mb} MB)")
-        raise Rejected(f"{name}: capturing the module failed while {phase}: "
-                       f"{result.get('error_type')}: {result.get('message', '')[:500]}")
-    captured = result["result"]
-    if "upload_error" in captured:
-        raise Rejected(captured["upload_error"])
-    return captured
-
-
-def memory_needs(captured: dict, gpu: bool) -> dict:
-    """Bytes of the upload's inputs, parameters and outputs (known from the capture's shapes), and
-    the GPU's free memory when a GPU is used (None when unknown or unused)."""
-    need = {"inputs_bytes": info_bytes(captured["inputs"]), "params_bytes": info_bytes(captured["params"].values()),
-            "outputs_bytes": info_bytes(captured.get("outputs", []))}
-    free = gpu_memory() if gpu else None
-    return {**need, "total_bytes": sum(need.values()), "gpu_free_bytes": free[0] if free else None}
-
-
-def check_fits(name: str, memory: dict) -> None:
-    """Rejected when the upload cannot be held on the GPU at its full size.  Without a GPU nothing
-    is refused for size: the kernels are checked at cut sizes in Triton's interpreter."""
-    free, total = memory["gpu_free_bytes"], memory["total_bytes"]
-    if free is not None and total > free:
-        raise Rejected(f"{name} is too big for this GPU: its inputs ({gib(memory['inputs_bytes'])}), parameters "
-                       f"({gib(memory['params_bytes'])}) and outputs ({gib(memory['outputs_bytes'])}) need "
-                       f"{gib(total)} ({total} bytes), and the GPU has {gib(free)} ({free} bytes) free")
-
-
-def capture_and_partition(path: str, gpu: bool, timeout_s: float, memory_mb: int | None,
-                          on_event=None) -> tuple[dict, dict, Partition]:
-    """(captured, memory_needs, partition) of the file; Rejected for a bad or too big upload."""
-    name = os.path.basename(path)
-    try:
-        check_file(path)   # .py only, under the upload limit: the chat's rules for the command line too
-    except ModuleFileError as e:
-        raise Rejected(str(e)) from None
-    try:
-        check_syntax(Path(path).read_text(), name)
-    except (OSError, UnicodeDecodeError) as e:
-        raise Rejected(f"cannot read {path}: {e}") from None
-    captured = capture_in_child(path, timeout_s, memory_mb)
-    memory = memory_needs(captured, gpu)
-    check_fits(name, memory)
-    _emit(on_event, "captured", graphs=[g["path"] for g in captured["graphs"]], problems=captured["problems"])
-    part = partition(captured)
-    _emit(on_event, "partitioned", groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
-          torch_ops=part.torch_ops)
-    return captured, memory, part
-
-
-def _group_plan(g: Group) -> dict:
-    spec = KernelSpec.from_dict(g.spec)
-    return {"id": g.id, "graph": g.graph, "family": g.family, "ops": g.ops, "notes": g.notes,
-            "spec": {"op": spec.op, "dims": spec.dims, "dtype": spec.dtype, "description": describe(spec)}}
-
-
-def plan_module(path: str, gpu: bool | None = None, capture_timeout_s: float = CAPTURE_TIMEOUT_S,
-                memory_mb: int | None = None, on_event=None) -> dict:
-    """Capture and partition only (`mtmc optimize --plan-only`): nothing is compiled, and nothing
-    runs at full size.  Returns {"status": "planned" | "rejected", "file", "seconds", and either
-    "message" or "tensors" ("fake" | "real"), "inputs", "outputs", "memory", "groups" (id, family,
-    ops, spec summary), "torch_ops" (op and why it stays PyTorch), "problems" (untraceable parts)}."""
-    start, name = time.monotonic(), os.path.basename(path)
-    gpu = gpu_available() if gpu is None else gpu
-    try:
-        captured, memory, part = capture_and_partition(path, gpu, capture_timeout_s, memory_mb, on_event)
-    except Rejected as e:
-        _emit(on_event, "rejected", message=str(e))
-        return {"status": "rejected", "file": name, "message": str(e), "seconds": time.monotonic() - start}
-    return {"status": "planned", "file": name, "seconds": time.monotonic() - start, "gpu": gpu,
-            "tensors": captured.get("tensors"), "fake_failure": captured.get("fake_failure"),
-            "inputs": captured["inputs"], "outputs": captured.get("outputs", []), "memory": memory,
-            "groups": [_group_plan(g) for g in part.groups], "torch_ops": part.torch_ops,
-            "problems": captured["problems"]}
-
-
-# -- one group through the loop ---------------------------------------------------------------
-
-def _outcome_from_state(state: dict, gpu: bool) -> dict:
-    """What the loop found for one group: a kernel, or why the group stays PyTorch."""
-    best = state.get("best") or {}
-    if state.get("status") != "done" or not best:
-        return {"status": "fallback", "reason": (state.get("message") or "no draft passed").splitlines()[0]}
-    verdict = best.get("verdict") or {}
-    baselines = state.get("baselines") or {}
-    out = {"status": "kernel", "source": best["source"], "config": best["config"], "step": best.get("step"),
-           "correctness": verdict.get("correctness") or {}, "time_ms": best.get("time_ms"),
-           "measured": bool(verdict.get("measured")), "eager_ms": baselines.get("eager_ms"),
-           "compile_ms": baselines.get("compile_ms"), "resources": verdict.get("resources"),
-           "reason": "the catalog serves it"}
-    if gpu and out["measured"] and out["eager_ms"] and out["time_ms"] > out["eager_ms"]:
-        out.update(status="fallback", reason=f"its best kernel ({out['time_ms']:.4f} ms) loses to PyTorch eager "
-                   f"({out['eager_ms']:.4f} ms) on the GPU")
-    elif not gpu:
-        out["reason"] = "no GPU to compare speeds: every group the catalog serves gets its kernel"
-    return out
-
 
 MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
 
 
-def optimize_groups(groups: list[Group], ctx: Context, gpu: bool, on_event=None) -> dict[int, dict]:
-    """Run the MTMC loop on each group's spec (once per distinct spec, independent groups side by
-    side: one compiles while another is timed); outcome per group id."""
+def _merge(old: dict | None, new: dict | None) -> dict:
+    return {**(old or {}), **(new or {})}
+
+
+class ModuleState(TypedDict, total=False):
+    path: str                          # the upload
+    out_path: str                      # where ModelNew is written
+    report_path: str | None
+    capture_timeout_s: float
+    memory_mb: int | None
+    gpu: bool
+    status: str                        # running | rejected | done | failed
+    message: str
+    captured: dict                     # module.capture's result (shapes, graphs as JSON)
+    memory: dict                       # bytes of inputs, parameters, outputs; the GPU's free bytes
+    groups: list[dict]                 # module.fusion.Group.to_dict() of each group
+    torch_ops: list[dict]
+    # group id (as text) -> outcome: a kernel, or why the group stays PyTorch; each group's
+    # task adds its own, side by side
+    outcomes: Annotated[dict, _merge]
+    check: dict                        # the whole-module check
+    timing: dict | None                # ModelNew against eager and torch.compile (GPU)
+    summary: dict                      # module.report.summary_json, with "report" and "message"
+
+
+class GroupTask(TypedDict):
+    group: dict
+    gpu: bool
+
+
+# -- nodes ------------------------------------------------------------------------------------
+
+def capture(state: ModuleState, runtime: Runtime[Context]) -> dict:
+    try:
+        captured, memory = steps.capture_checked(state["path"], state["gpu"], state["capture_timeout_s"],
+                                                state.get("memory_mb"))
+    except steps.Rejected as e:
+        emit(E.Rejected(message=str(e)))
+        return {"status": "rejected", "message": str(e)}
+    emit(E.Captured(graphs=[g["path"] for g in captured["graphs"]], problems=captured["problems"]))
+    return {"captured": captured, "memory": memory}
+
+
+def plan(state: ModuleState) -> dict:
+    part = partition(state["captured"])
+    emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
+                       torch_ops=part.torch_ops))
+    return {"groups": [g.to_dict() for g in part.groups], "torch_ops": part.torch_ops}
+
+
+def _spec_key(g: dict) -> str:
+    return KernelSpec.from_dict(g["spec"]).key()
+
+
+def fan_out(state: ModuleState) -> list[Send] | str:
+    """One group task per distinct spec (the first group that has it), or straight on."""
+    first: dict[str, dict] = {}
+    for g in state.get("groups") or []:
+        first.setdefault(_spec_key(g), g)
+    if not first:
+        return "assemble"
+    return [Send("group", GroupTask(group=g, gpu=state["gpu"])) for g in first.values()]
+
+
+def kernel_graph():
+    """The kernel graph a group runs (no checkpointer of its own: it inherits the module run's)."""
+    from mtmc.agents.graph import compile_graph
+    return compile_graph()
+
+
+def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
+    """The kernel graph on one group's spec; its events go out tagged with the group's id."""
+    from mtmc.agents.graph import recursion_limit
+    g = Group.from_dict(task["group"])
+    spec = KernelSpec.from_dict(g.spec)
+    emit(E.GroupStart(group=g.id, ops=g.ops, description=describe(spec)))
     # torch.compile is compared once for the whole module (module_time), not per group
-    group_ctx = dataclasses.replace(ctx, out_path=None, compile_baseline=False)
-    lock = threading.Lock()
-
-    def emit(ev: dict) -> None:   # events reach the caller one at a time, whichever thread sends them
-        if on_event:
-            with lock:
-                on_event(ev)
-
-    def optimize_one(g: Group) -> dict:
-        spec = KernelSpec.from_dict(g.spec)
-        _emit(emit, "group_start", group=g.id, ops=g.ops, description=describe(spec))
-
-        def forward(ev):
-            _emit(emit, ev.get("event", "event"), group=g.id, **{k: v for k, v in ev.items() if k != "event"})
-        outcome = _outcome_from_state(run_request(spec.request, group_ctx, spec=g.spec, on_event=forward), gpu)
-        _emit(emit, "group_done", group=g.id, status=outcome["status"], reason=outcome["reason"])
-        return outcome
-
-    first_of: dict[str, Group] = {}
-    for g in groups:
-        first_of.setdefault(KernelSpec.from_dict(g.spec).key(), g)
-    with ThreadPoolExecutor(max(1, min(MAX_CONCURRENT_GROUPS, len(first_of)))) as pool:
-        done = {g.id: pool.submit(optimize_one, g) for g in first_of.values()}
-        outcomes = {gid: f.result() for gid, f in done.items()}
-    for g in groups:
-        first = first_of[KernelSpec.from_dict(g.spec).key()].id
-        if first != g.id:
-            outcomes[g.id] = {**outcomes[first], "same_as": first}
-    return outcomes
+    ctx = dataclasses.replace(runtime.context, out_path=None, compile_baseline=False)
+    inputs = {"request": spec.request, "spec": g.spec, "initial_config": None, **FRESH_RUN}
+    final: dict = {}
+    for mode, chunk in kernel_graph().stream(inputs, config={"recursion_limit": recursion_limit(ctx)}, context=ctx,
+                                             stream_mode=["custom", "values"]):
+        if mode == "custom":
+            emit(E.from_dict(chunk).in_group(g.id))
+        else:
+            final = chunk
+    outcome = steps.outcome_from_state(final, task["gpu"])
+    emit(E.GroupDone(group=g.id, status=outcome["status"], reason=outcome["reason"]))
+    return {"outcomes": {str(g.id): outcome}}
 
 
-def _emit(on_event, kind: str, **data) -> None:
-    if on_event:
-        on_event({"event": kind, **data})
+def _groups(state: ModuleState) -> list[Group]:
+    return [Group.from_dict(g) for g in state.get("groups") or []]
 
 
-# -- assemble and check -----------------------------------------------------------------------
-
-def _kernels(groups: list[Group], outcomes: dict[int, dict], only: set[int] | None = None) -> dict[int, dict]:
-    chosen = {}
-    for g in groups:
-        o = outcomes.get(g.id, {})
-        if o.get("status") == "kernel" and (only is None or g.id in only):
-            summary = f"config: {o['config']}\ncorrectness: {o['correctness'].get('reason', '')}"
-            chosen[g.id] = {"source": o["source"], "config": o["config"], "summary": summary}
-    return chosen
-
-
-INTERPRETER_MAX_ELEMS = 1 << 20  # per input tensor in the interpreter's check: cut along the batch above
+def _outcomes_by_id(state: ModuleState) -> dict[int, dict]:
+    """Every group's outcome (copied from the group that ran its spec), keyed by group id."""
+    ran = {int(k): v for k, v in (state.get("outcomes") or {}).items()}
+    first: dict[str, int] = {}
+    out = {}
+    for g in state.get("groups") or []:
+        gid = first.setdefault(_spec_key(g), g["id"])
+        out[g["id"]] = dict(ran[gid]) if gid == g["id"] else {**ran[gid], "same_as": gid}
+    return out
 
 
-def reference_run(upload: str, gpu: bool, timeout_s: float) -> ReferenceRun | dict:
-    """The trusted run of the upload's Model that every ModelNew version is checked against
-    (guard.run_reference, once per upload), or the check's result when none can be made."""
+def assemble(state: ModuleState) -> dict:
+    """ModelNew with every group's kernel, written to out_path."""
+    outcomes = _outcomes_by_id(state)
+    steps.write_model_new(Path(state["path"]).read_text(), state["captured"], _groups(state), outcomes,
+                         Path(state["out_path"]))
+    return {"outcomes": {str(k): v for k, v in outcomes.items()}}
+
+
+def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
+    """The whole-module check by the guard; groups that break it fall back (ModelNew rewritten)."""
+    outcomes = _outcomes_by_id(state)
+    result = steps.assemble_checked(state["path"], state["captured"], _groups(state), outcomes,
+                                   Path(state["out_path"]), state["gpu"], runtime.context.timeout_s,
+                                   on_event=lambda ev: emit(E.from_dict(ev)))
+    return {"check": result, "outcomes": {str(k): v for k, v in outcomes.items()}}
+
+
+def time_it(state: ModuleState, runtime: Runtime[Context]) -> dict:
+    """ModelNew against eager and torch.compile, on a GPU and only after it passed the check."""
+    if not (state["gpu"] and state["check"]["status"] == "passed"):
+        return {"timing": None}
+    timing = steps.time_in_child(state["out_path"], runtime.context.timeout_s)
+    emit(E.build("module_time", **timing))
+    return {"timing": timing}
+
+
+def report(state: ModuleState) -> dict:
+    status = "failed" if state["check"]["status"] == "failed" else "done"
+    part = Partition(_groups(state), state.get("torch_ops") or [])
+    outcomes = {int(k): v for k, v in state["outcomes"].items()}
+    summary = summary_json(os.path.basename(state["path"]), state["out_path"], status, state["captured"], part,
+                           outcomes, state["check"], state.get("timing"), state["gpu"])
+    text = markdown_report(summary)
+    if state.get("report_path"):
+        steps.write_text(Path(state["report_path"]), text)
+    summary["report"] = text
+    summary["message"] = steps.final_message(summary)
+    emit(E.Final(status=status, message=summary["message"]))
+    return {"status": status, "message": summary["message"], "summary": summary}
+
+
+def build_module_graph() -> StateGraph:
+    g = StateGraph(ModuleState, context_schema=Context)
+    for name, fn in [("capture", capture), ("plan", plan), ("group", group), ("assemble", assemble),
+                     ("check", check), ("time", time_it), ("report", report)]:
+        g.add_node(name, fn)
+    g.add_edge(START, "capture")
+    g.add_conditional_edges("capture", lambda s: END if s.get("status") == "rejected" else "plan", ["plan", END])
+    g.add_conditional_edges("plan", fan_out, ["group", "assemble"])
+    g.add_edge("group", "assemble")
+    g.add_edge("assemble", "check")
+    g.add_edge("check", "time")
+    g.add_edge("time", "report")
+    g.add_edge("report", END)
+    return g
+
+
+def run_module(path: str, ctx: Context, out_path: str | None = None, report_path: str | None = None,
+               on_event=None, capture_timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None,
+               thread_id: str | None = None, saver=None, plan_only: bool = False) -> dict:
+    """Run the module graph on the file at `path`, checkpointed under `thread_id` (a new one by
+    default) in `saver` (default: the conversations' SQLite checkpointer); the final state.
+    plan_only stops after the plan.  Events reach on_event one at a time, in this thread."""
+    from mtmc.agents.graph import checkpointer
+    from mtmc.tools.hardware import gpu_available
+    own = saver is None
+    saver = checkpointer() if own else saver
     try:
-        return run_reference(upload, "cuda" if gpu else "cpu", timeout_s, None if gpu else MEMORY_MB,
-                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS)
-    except ReferenceFailed as e:  # capture ran Model, so this is randomness or size, not a broken upload
-        return {"status": "skipped", "reason": f"the whole module cannot be checked: {e}; each group's kernel "
-                "was checked on its own"}
-
-
-def check_in_child(path: str, ref: ReferenceRun | dict, timeout_s: float, pytorch_only: bool = False) -> dict:
-    """ModelNew at `path` through the same guard as `mtmc verify` (its own sandboxed child, fresh
-    inputs, poisoned memory, every cheat check), as {"status": "passed" | "failed" | "skipped",
-    "reason", "verdict"}."""
-    if isinstance(ref, dict):
-        return ref
-    v = check_candidate(ref, path, timeout_s, None if ref.device == "cuda" else MEMORY_MB)
-    if v["outcome"] == "timed out" and ref.device == "cpu":
-        # the interpreter is slow, not wrong: each group's kernel passed its own check
-        return {"status": "skipped", "reason": f"the whole module did not finish within {timeout_s:g} s in "
-                "Triton's interpreter; each group's kernel was checked on its own", "verdict": v}
-    if v["outcome"] == "invalid reference":   # the reference itself failed on fresh inputs: no verdict
-        return {"status": "skipped", "reason": f"the whole module cannot be checked: {v['checks'][0]['detail']}; "
-                "each group's kernel was checked on its own", "verdict": v}
-    return as_module_check(v, pytorch_only)
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
-                     gpu: bool, timeout_s: float, on_event=None) -> dict:
-    """Write ModelNew with every kernel, check it; when the check fails, find the groups that
-    break it (each checked alone), let them fall back, and write and check again."""
-    ref = reference_run(upload, gpu, timeout_s)
-    try:
-        return _check_until_it_passes(Path(upload).read_text(), ref, captured, groups, outcomes, out, timeout_s,
-                                      on_event)
+        graph = build_module_graph().compile(checkpointer=saver, interrupt_after=["plan"] if plan_only else None)
+        config = {"configurable": {"thread_id": thread_id or uuid.uuid4().hex},
+                  "max_concurrency": MAX_CONCURRENT_GROUPS, "recursion_limit": 50}
+        inputs = {"path": path, "out_path": out_path, "report_path": report_path,
+                  "capture_timeout_s": capture_timeout_s, "memory_mb": memory_mb, "status": "running",
+                  "gpu": gpu_available() if ctx.use_gpu is None else ctx.use_gpu, "outcomes": {}}
+        return stream_run(graph, inputs, config, ctx, on_event)
     finally:
-        if isinstance(ref, ReferenceRun):
-            ref.close()   # its session holds the reference's tensors (on the GPU, several GB)
+        if own:
+            saver.conn.close()
 
-
-def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict, groups: list[Group],
-                           outcomes: dict[int, dict], out: Path, timeout_s: float, on_event=None) -> dict:
-    def write_and_check(path: Path, kernels: dict, announce: bool = True) -> dict:
-        _write(path, assemble(source, captured, groups, kernels))
-        check = check_in_child(str(path), ref, timeout_s, pytorch_only=not kernels)
-        if announce:
-            _emit(on_event, "module_check", status=check["status"], reason=check.get("reason", ""))
-        return check
-
-    check = write_and_check(out, _kernels(groups, outcomes))
-    if check["status"] != "failed" or not _kernels(groups, outcomes):
-        return check
-    with tempfile.TemporaryDirectory(prefix="mtmc-isolate-") as tmp:
-        for gid in list(_kernels(groups, outcomes)):
-            one = write_and_check(Path(tmp) / f"group_{gid}.py", _kernels(groups, outcomes, {gid}), announce=False)
-            if one["status"] == "failed":
-                outcomes[gid].update(status="fallback", reason=f"breaks the module check: {one.get('reason', '')}")
-                _emit(on_event, "group_fallback", group=gid, reason=outcomes[gid]["reason"])
-    check = write_and_check(out, _kernels(groups, outcomes))
-    if check["status"] == "failed" and _kernels(groups, outcomes):
-        # together they still break it: write the all-PyTorch ModelNew rather than a wrong one
-        for gid in _kernels(groups, outcomes):
-            outcomes[gid].update(status="fallback", reason=f"the module check failed with it: {check.get('reason', '')}")
-            _emit(on_event, "group_fallback", group=gid, reason=outcomes[gid]["reason"])
-        check = write_and_check(out, {})
-    return check
-
-
-def time_in_child(path: str, timeout_s: float) -> dict:
-    result = run_job({"kind": "module_time", "path": os.path.abspath(path), "device": "cuda"}, confine=Confinement(ro=[path]),
-                     timeout_s=timeout_s, interpret=False)
-    if result.get("status") == "ok":
-        return result["result"]
-    return {"measured": False, "error": f"{result.get('status')}: {result.get('message') or result.get('detail', '')}"[:500]}
-
-
-# -- the whole flow ---------------------------------------------------------------------------
 
 def optimize_module(path: str, ctx: Context, out_path: str, report_path: str | None = None, on_event=None,
-                    capture_timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None) -> dict:
+                    capture_timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None,
+                    thread_id: str | None = None) -> dict:
     """Optimize the module file at `path`, write ModelNew to out_path (and the markdown report to
-    report_path).  Returns the summary (see module_report.summary_json) with "status":
+    report_path).  Returns the summary (see module.report.summary_json) with "status":
     "done" (ModelNew written and checked), "rejected" (a bad upload; "message" says why) or
     "failed" (ModelNew does not match Model even with every group in PyTorch)."""
-    name = os.path.basename(path)
-    gpu = gpu_available() if ctx.use_gpu is None else ctx.use_gpu
-    try:
-        captured, _, part = capture_and_partition(path, gpu, capture_timeout_s, memory_mb, on_event)
-    except Rejected as e:
-        _emit(on_event, "rejected", message=str(e))
-        return {"status": "rejected", "file": name, "message": str(e)}
-    outcomes = optimize_groups(part.groups, ctx, gpu, on_event)
-    out = Path(out_path)
-    check = assemble_checked(path, captured, part.groups, outcomes, out, gpu, ctx.timeout_s, on_event)
-    timing = time_in_child(str(out), ctx.timeout_s) if gpu and check["status"] == "passed" else None
-    if timing:
-        _emit(on_event, "module_time", **timing)
-    status = "failed" if check["status"] == "failed" else "done"
-    summary = summary_json(name, str(out), status, captured, part, outcomes, check, timing, gpu)
-    report = markdown_report(summary)
-    if report_path:
-        _write(Path(report_path), report)
-    summary["report"] = report
-    summary["message"] = _final_message(summary)
-    _emit(on_event, "final", status=status, message=summary["message"])
-    return summary
+    state = run_module(path, ctx, out_path, report_path, on_event, capture_timeout_s, memory_mb, thread_id)
+    if state.get("status") == "rejected":
+        return {"status": "rejected", "file": os.path.basename(path), "message": state["message"]}
+    return state["summary"]
 
 
-def _final_message(s: dict) -> str:
-    kernels = sum(1 for g in s["groups"] if g["status"] == "kernel")
-    if s["status"] == "failed":
-        return (f"{s['file']}: ModelNew does not match Model even with every group left to PyTorch "
-                f"({s['check'].get('reason', '')}); Model's outputs may be random (dropout in training mode, "
-                "random ops) or depend on state. The file was written, unoptimized, to " + s["out"])
-    lines = [f"{s['file']}: {len(s['groups'])} fusion group(s), {kernels} with a Triton kernel; ModelNew written to {s['out']}.",
-             f"Check: {s['check']['status']}: {s['check'].get('reason', '')}"]
-    e2e = s.get("end_to_end")
-    if e2e and e2e.get("measured"):
-        lines.append(f"End to end: {e2e['ours_ms']:.4f} ms vs eager {e2e['eager_ms']:.4f} ms "
-                     f"({e2e['speedup_vs_eager']:.2f}x)" + (f", torch.compile {e2e['compiled_ms']:.4f} ms "
-                     f"({e2e['speedup_vs_compiled']:.2f}x)" if e2e.get("compiled_ms") else ""))
-    elif not s["gpu"]:
-        lines.append("No GPU: speed not measured; per-group times are roofline estimates.")
-    return "\n".join(lines)
+def plan_module(path: str, gpu: bool | None = None, capture_timeout_s: float = CAPTURE_TIMEOUT_S,
+                memory_mb: int | None = None, on_event=None) -> dict:
+    """Capture and plan only (`mtmc optimize --plan-only`): nothing is compiled, and nothing
+    runs at full size.  Returns {"status": "planned" | "rejected", "file", "seconds", and either
+    "message" or "tensors" ("fake" | "real"), "inputs", "outputs", "memory", "groups" (id, family,
+    ops, spec summary), "torch_ops" (op and why it stays PyTorch), "problems" (untraceable parts)}."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    start, name = time.monotonic(), os.path.basename(path)
+    state = run_module(path, Context(use_gpu=gpu), on_event=on_event, capture_timeout_s=capture_timeout_s,
+                       memory_mb=memory_mb, saver=InMemorySaver(), plan_only=True)
+    if state.get("status") == "rejected":
+        return {"status": "rejected", "file": name, "message": state["message"], "seconds": time.monotonic() - start}
+    captured = state["captured"]
+    return {"status": "planned", "file": name, "seconds": time.monotonic() - start, "gpu": state["gpu"],
+            "tensors": captured.get("tensors"), "fake_failure": captured.get("fake_failure"),
+            "inputs": captured["inputs"], "outputs": captured.get("outputs", []), "memory": state["memory"],
+            "groups": [steps.group_plan(g) for g in _groups(state)], "torch_ops": state.get("torch_ops") or [],
+            "problems": captured["problems"]}

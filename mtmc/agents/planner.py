@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
+from mtmc import events as E
 from mtmc.agents.context import Context
-from mtmc.agents.events import emit
+from mtmc.agents.stream import emit
 from mtmc.agents.state import State
 from mtmc.kernels.spec import KernelSpec
 from mtmc.policy import baseline
@@ -31,7 +32,7 @@ def plan(state: State, runtime: Runtime[Context]) -> dict:
     decision["origin"] = "planner"
     first = (state.get("steps") or [{}])[0]
     decision["history"] = history_used(state, (first.get("history") or {}).get("warm_start"))
-    emit("plan", step=len(state.get("steps", [])), **decision)
+    emit(E.build("plan", step=len(state.get("steps", [])), **decision))
     return {"decision": decision, "debug_attempts": 0}
 
 

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
+from mtmc import events as E
 from mtmc.agents.context import Context
-from mtmc.agents.events import emit
+from mtmc.agents.stream import emit
 from mtmc.agents.state import State
+from mtmc.kernels.drafts import verify_draft
 from mtmc.kernels.spec import KernelSpec
 from mtmc.policy.actions import config_key
-from mtmc.tools.hardware import resolve
-from mtmc.kernels.drafts import verify_draft
-from mtmc.tools.hardware import gpu_available
+from mtmc.tools.hardware import gpu_available, resolve
 
 
 def verify(state: State, runtime: Runtime[Context]) -> dict:
@@ -21,7 +21,7 @@ def verify(state: State, runtime: Runtime[Context]) -> dict:
     verdict = verify_draft(spec, cand["source"], cand["config"], resolve(ctx.target), gpu=use_gpu,
                            timeout_s=ctx.timeout_s, baselines=not state.get("baselines"),
                            compile_baseline=ctx.compile_baseline)
-    emit("verify", step=cand["step"], verdict=verdict)
+    emit(E.Verify(step=cand["step"], verdict=verdict))
     update = {"candidate": {**cand, "verdict": verdict, "time_ms": verdict.get("time_ms")},
               "tried": state.get("tried", []) + [config_key(cand["config"])]}
     if verdict.get("baselines"):
@@ -58,7 +58,7 @@ def accept(state: State) -> dict:
                    f"kept step {best['step']}")
         update = {"stale_steps": state.get("stale_steps", 0) + 1}
     record = step_record(state, outcome)
-    emit("step", **record)
+    emit(E.build("step", **record))
     return {**update, "steps": state.get("steps", []) + [record]}
 
 
@@ -66,7 +66,7 @@ def rollback(state: State) -> dict:
     best = state.get("best") or {}
     where = f"rolled back to step {best['step']}" if best else "no correct draft to fall back to"
     record = step_record(state, f"failed ({state['candidate']['verdict'].get('kind')}); {where}")
-    emit("step", **record)
+    emit(E.build("step", **record))
     return {"steps": state.get("steps", []) + [record], "stale_steps": state.get("stale_steps", 0) + 1}
 
 

@@ -5,8 +5,9 @@ import json
 import sys
 
 from mtmc.agents.context import Context
-from mtmc.agents.runner import print_event, run_request, summary_json
+from mtmc.agents.runner import run_request, summary_json
 from mtmc.commands import known_target
+from mtmc.events.text import printer
 
 
 def cmd_generate(args) -> int:
@@ -14,7 +15,7 @@ def cmd_generate(args) -> int:
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, out_path=args.out, timeout_s=args.timeout)
     log = sys.stderr if args.json else sys.stdout
-    state = run_request(args.request, ctx, on_event=lambda ev: print_event(ev, log))
+    state = run_request(args.request, ctx, on_event=printer(log))
     if args.json:
         print(json.dumps(summary_json(state), indent=2, default=str))
     status = state.get("status")

@@ -7,41 +7,10 @@ import sys
 
 from mtmc.agents.context import Context
 from mtmc.agents.module_flow import optimize_module, plan_module
-from mtmc.agents.runner import print_event
 from mtmc.commands import known_target
+from mtmc.events.text import printer
 from mtmc.tools import isolation
 from mtmc.tools.machine import gib
-
-
-def print_module_event(ev: dict, out) -> None:
-    """Module-level events in words; the per-group loop's events as `generate` prints them."""
-    kind = ev.get("event")
-    if kind == "captured":
-        for p in ev["problems"]:
-            what = f"submodule {p['path']}" if p["path"] else "Model.forward"
-            print(f"could not capture {what}: {p['reason']}" + (f" (at {p['where']})" if p["where"] else ""), file=out)
-    elif kind == "partitioned":
-        print(f"{len(ev['groups'])} fusion group(s):", file=out)
-        for g in ev["groups"]:
-            print(f"  group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}", file=out)
-        for t in ev["torch_ops"]:
-            print(f"  stays PyTorch: {t['op']}: {t['why']}", file=out)
-    elif kind == "group_start":
-        print(f"== group {ev['group']}: {ev['description']}", file=out)
-    elif kind == "group_done":
-        print(f"== group {ev['group']}: {ev['status']} ({ev['reason']})", file=out)
-    elif kind == "group_fallback":
-        print(f"== group {ev['group']} falls back to PyTorch: {ev['reason']}", file=out)
-    elif kind == "module_check":
-        print(f"[module check] {ev['status']}: {ev['reason']}", file=out)
-    elif kind == "module_time":
-        print(f"[module time] ours {ev.get('ours_ms')} ms, eager {ev.get('eager_ms')} ms, "
-              f"torch.compile {ev.get('compiled_ms')} ms", file=out)
-    elif kind in ("rejected", "final"):
-        print(ev["message"], file=out)
-    elif "group" in ev and kind != "final":
-        print_event(ev, out)
-    out.flush()
 
 
 def print_plan(plan: dict, out) -> None:
@@ -60,7 +29,7 @@ def print_plan(plan: dict, out) -> None:
 def cmd_plan(args) -> int:
     log = sys.stderr if args.json else sys.stdout
     print(isolation.status().line(), file=sys.stderr)
-    plan = plan_module(args.model, on_event=lambda ev: print_module_event(ev, log))
+    plan = plan_module(args.model, on_event=printer(log))
     print_plan(plan, log)
     if args.json:
         print(json.dumps(plan, indent=2, default=str))
@@ -78,7 +47,7 @@ def cmd_optimize(args) -> int:
     ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout)
     log = sys.stderr if args.json else sys.stdout
     print(isolation.status().line(), file=sys.stderr)
-    summary = optimize_module(args.model, ctx, args.out, args.report, on_event=lambda ev: print_module_event(ev, log))
+    summary = optimize_module(args.model, ctx, args.out, args.report, on_event=printer(log))
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "report"}, indent=2, default=str))
     return {"done": 0, "rejected": 2}.get(summary["status"], 1)

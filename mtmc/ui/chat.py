@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from mtmc.agents.context import Context
-from mtmc.agents.followup import FollowUp, interpret
+from mtmc.answers.followup import FollowUp, interpret
 from mtmc.agents.runner import run_request
 from mtmc.paths import artifacts_dir
 from mtmc.tools.hardware import present_gpu, resolve

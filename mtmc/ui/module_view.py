@@ -8,6 +8,7 @@ from html import escape
 
 import pandas as pd
 
+from mtmc import events as E
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.ui.plots import kernel_point, time_table
 from mtmc.ui.steps import StepStream, final_text
@@ -45,40 +46,43 @@ class ModuleStream:
                 out.append(block)
         return out
 
-    def feed(self, ev: dict) -> None:
-        kind, gid = ev.get("event"), ev.get("group")
-        if kind == "group_start":
-            self._heads[gid] = {"role": "assistant", "content": "Ops: " + " -> ".join(ev.get("ops") or []),
-                                "metadata": {"title": f"Group {gid}: {ev.get('description', '')}",
+    def feed(self, ev: E.Event | dict) -> None:
+        """One event of the module run (an mtmc.events dataclass, or the dict it travels as)."""
+        ev = E.from_dict(ev)
+        gid = ev.group
+        if isinstance(ev, E.GroupStart):
+            self._heads[gid] = {"role": "assistant", "content": "Ops: " + " -> ".join(ev.ops or []),
+                                "metadata": {"title": f"Group {gid}: {ev.description}",
                                              "id": f"group-{gid}", "status": "pending"}}
             self.groups[gid] = StepStream(prefix=f"group-{gid}/")
             self._blocks.append(gid)
-        elif kind in ("group_done", "group_fallback") and gid in self._heads:
+        elif isinstance(ev, (E.GroupDone, E.GroupFallback)) and gid in self._heads:
+            status = ev.status if isinstance(ev, E.GroupDone) else None
             head = self._heads[gid]
-            head["metadata"].update(status="done", log=ev.get("status") or "falls back to PyTorch")
-            head["content"] += f"\n\n**{ev.get('status', 'fallback')}:** {ev.get('reason', '')}"
+            head["metadata"].update(status="done", log=status or "falls back to PyTorch")
+            head["content"] += f"\n\n**{status or 'fallback'}:** {ev.reason}"
         elif gid is not None and gid in self.groups:
-            if kind == "final" and ev.get("history_id"):
-                self.histories[gid] = ev["history_id"]
+            if isinstance(ev, E.Final) and ev.history_id:
+                self.histories[gid] = ev.history_id
             self.groups[gid].feed(ev)
-        elif kind == "captured":
+        elif isinstance(ev, E.Captured):
             problems = [f"- could not capture {p.get('path') or 'Model.forward'}: {p.get('reason')}"
-                        for p in ev.get("problems") or []]
-            self._blocks.append(say("\n".join([f"**Captured** {len(ev.get('graphs') or [])} graph(s) "
+                        for p in ev.problems or []]
+            self._blocks.append(say("\n".join([f"**Captured** {len(ev.graphs or [])} graph(s) "
                                                "in a sandboxed child process.", *problems])))
-        elif kind == "partitioned":
-            lines = [f"**{len(ev.get('groups') or [])} fusion group(s):**"]
-            lines += [f"- group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}" for g in ev.get("groups") or []]
-            lines += [f"- stays PyTorch: `{t['op']}`: {t['why']}" for t in ev.get("torch_ops") or []]
+        elif isinstance(ev, E.Partitioned):
+            lines = [f"**{len(ev.groups or [])} fusion group(s):**"]
+            lines += [f"- group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}" for g in ev.groups or []]
+            lines += [f"- stays PyTorch: `{t['op']}`: {t['why']}" for t in ev.torch_ops or []]
             self._blocks.append(say("\n".join(lines)))
-        elif kind == "module_check":
-            self._blocks.append(say(f"**Whole-module check:** {ev.get('status')}: {plain(ev.get('reason', ''))}"))
-        elif kind == "module_time":
-            self._blocks.append(say(f"**End to end:** ModelNew {ev.get('ours_ms')} ms, PyTorch eager "
-                                    f"{ev.get('eager_ms')} ms, torch.compile {ev.get('compiled_ms')} ms"))
-        elif kind in ("rejected", "final"):
-            self.final = ev
-            self._blocks.append(say(final_text(ev.get("message", "")) if kind == "final" else plain(ev.get("message", ""))))
+        elif isinstance(ev, E.ModuleCheck):
+            self._blocks.append(say(f"**Whole-module check:** {ev.status}: {plain(ev.reason)}"))
+        elif isinstance(ev, E.ModuleTime):
+            self._blocks.append(say(f"**End to end:** ModelNew {ev.ours_ms} ms, PyTorch eager "
+                                    f"{ev.eager_ms} ms, torch.compile {ev.compiled_ms} ms"))
+        elif isinstance(ev, (E.Rejected, E.Final)):
+            self.final = ev.to_dict()
+            self._blocks.append(say(final_text(ev.message) if isinstance(ev, E.Final) else plain(ev.message)))
 
     def phase(self) -> str:
         """What the module flow is doing now, in words (for a run that has been quiet a while)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from mtmc.agents.finalizer import timing_line
-from mtmc.agents.report import resources_line
+from mtmc import events as E
+from mtmc.events.text import guard_line, resources_line, timing_line
 from mtmc.policy.actions import Action
 from mtmc.ui.plots import time_table
 from mtmc.ui.text import plain
@@ -65,7 +65,9 @@ def verdict_md(verdict: dict, baselines: dict | None) -> str:
              + (f"; largest error {err:.2g} of the tolerance" if isinstance(err, (int, float)) else "")
              + f" (on {corr.get('device')}, dims {corr.get('dims')})")
     time_txt = timing_line(verdict, baselines).removeprefix("time: ")
-    return "\n".join(l for l in ["**Verdict:** correct", check, compile_line, f"- Time: {time_txt}"] if l)
+    guard = guard_line(verdict.get("guard"))
+    guard_txt = f"- The guard of `mtmc verify`: {guard.removeprefix('guard: ')}" if guard else ""
+    return "\n".join(l for l in ["**Verdict:** correct", check, compile_line, guard_txt, f"- Time: {time_txt}"] if l)
 
 
 def step_body(rec: dict, baselines: dict | None = None) -> str:
@@ -145,48 +147,49 @@ class StepStream:
         self._understood: tuple[str, list[str]] = ("", [])
         self.stopped = False                      # the planner stopped on its own
 
-    def feed(self, ev: dict) -> None:
-        handler = getattr(self, f"_on_{ev.get('event')}", None)
+    def feed(self, ev: E.Event | dict) -> None:
+        """One event of the run (an mtmc.events dataclass, or the dict it travels as)."""
+        ev = E.from_dict(ev)
+        handler = getattr(self, f"_on_{ev.kind}", None)
         if handler:
             handler(ev)
 
     # -- events -------------------------------------------------------------------------
-    def _on_parsed(self, ev):
-        self.spec = ev.get("spec")
-        self._understood = (ev.get("description", ""), list(ev.get("assumptions") or []))
+    def _on_parsed(self, ev: E.Parsed):
+        self.spec = ev.spec
+        self._understood = (ev.description, list(ev.assumptions or []))
         self._intake = len(self.messages)
         self.messages.append(self._assistant(intake_text(*self._understood, None), "Understood"))
 
-    def _on_retrieved(self, ev):
+    def _on_retrieved(self, ev: E.Retrieved):
         if self._intake is not None:
-            self.messages[self._intake]["content"] = intake_text(*self._understood, ev.get("count", 0))
+            self.messages[self._intake]["content"] = intake_text(*self._understood, ev.count)
 
-    def _on_unsupported(self, ev):
-        self.messages.append(self._assistant(plain(ev.get("message", "")), "Not supported"))
+    def _on_unsupported(self, ev: E.Unsupported):
+        self.messages.append(self._assistant(plain(ev.message), "Not supported"))
 
-    def _on_plan(self, ev):
-        decision = {k: v for k, v in ev.items() if k not in ("event", "step")}
-        if (ev.get("action") or {}).get("kind") == "stop":
+    def _on_plan(self, ev: E.Plan):
+        decision = {k: v for k, v in ev.to_dict().items() if k not in ("event", "step", "group")}
+        if (ev.action or {}).get("kind") == "stop":
             self.stopped = True
             self.messages.append(stop_message(decision, self.prefix))
         else:
             self._decision = decision
 
-    def _on_debug(self, ev):
-        rec = self._open.get(ev["step"]) or next((r for r in reversed(self.records) if r["step"] == ev["step"]), None)
-        note = f"**Debugger:** {ev.get('fix') or 'no fix'}: {ev.get('reason', '')}"
+    def _on_debug(self, ev: E.Debug):
+        rec = self._open.get(ev.step) or next((r for r in reversed(self.records) if r["step"] == ev.step), None)
+        note = f"**Debugger:** {ev.fix or 'no fix'}: {ev.reason}"
         if rec is not None:
             rec["fix_note"] = note
-            self._render(rec, "pending" if ev["step"] in self._open else "done")
-        if ev.get("fix"):
-            self._decision = {"origin": "debugger", "reason": ev.get("reason", ""),
-                              "action": None, "fix": ev.get("fix")}
+            self._render(rec, "pending" if ev.step in self._open else "done")
+        if ev.fix:
+            self._decision = {"origin": "debugger", "reason": ev.reason, "action": None, "fix": ev.fix}
 
-    def _on_code(self, ev):
-        step = ev["step"]
+    def _on_code(self, ev: E.Code):
+        step = ev.step
         decision = self._decision or {}
         self._decision = None
-        rec = {"step": step, "origin": ev.get("origin"), "config": ev.get("config"), "diff": ev.get("diff", ""),
+        rec = {"step": step, "origin": ev.origin, "config": ev.config, "diff": ev.diff or "",
                "reason": decision.get("reason", ""), "alternatives": decision.get("alternatives", []),
                "policy": decision.get("policy"), "action": decision.get("action")}
         if decision.get("fix") and not rec["action"]:
@@ -197,26 +200,28 @@ class StepStream:
         self.messages.append({})
         self._render(rec, "pending")
 
-    def _on_verify(self, ev):
-        rec = self._open.get(ev["step"])
+    def _on_verify(self, ev: E.Verify):
+        rec = self._open.get(ev.step)
         if rec is not None:
-            rec["verdict"] = ev["verdict"]
-            if ev["verdict"].get("baselines"):
-                self.baselines = ev["verdict"]["baselines"]
+            rec["verdict"] = ev.verdict
+            if ev.verdict.get("baselines"):
+                self.baselines = ev.verdict["baselines"]
             self._render(rec, "pending")
 
-    def _on_step(self, ev):
-        rec = {**self._open.pop(ev["step"], {}), **{k: v for k, v in ev.items() if k != "event"}}
-        if ev["step"] not in self._index:     # a step we did not see begin (should not happen)
-            self._index[ev["step"]] = len(self.messages)
+    def _on_step(self, ev: E.StepDone):
+        # the record's fields that the event carries win over what the open bubble gathered
+        given = {k: v for k, v in ev.to_dict().items() if k not in ("event", "group") and v not in (None, "", [], {})}
+        rec = {**self._open.pop(ev.step, {}), **given}
+        if ev.step not in self._index:     # a step we did not see begin (should not happen)
+            self._index[ev.step] = len(self.messages)
             self.messages.append({})
         self.records.append(rec)
         self._render(rec, "done")
 
-    def _on_final(self, ev):
-        self.final = ev
-        text = final_text(ev.get("message", ""))
-        if ev.get("status") == "done" and not self.prefix:   # a module's groups are asked about by group
+    def _on_final(self, ev: E.Final):
+        self.final = ev.to_dict()
+        text = final_text(ev.message)
+        if ev.status == "done" and not self.prefix:   # a module's groups are asked about by group
             text += "\n\n" + suggestion_line(suggested_questions([r["step"] for r in self.records], self.stopped))
         self.messages.append(self._assistant(text.rstrip(), "Result"))
 

@@ -4,7 +4,7 @@ and similar past histories from memory.
 
 Works on a final graph state or on a stored history (HistoryRecord.as_state()).  The records
 become a fact sheet in plain text; without an LLM that is the answer.  With one (`llm`, a chat
-model from mtmc.agents.llm) the model writes prose from the fact sheet alone, and the answer is
+model from mtmc.tools.llm) the model writes prose from the fact sheet alone, and the answer is
 that prose, a warning if it quotes numbers the facts do not hold, then the fact sheet itself so
 every claim can be checked.  If the model cannot be used, the answer is the fact sheet with a
 one-line note saying why.
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 
-from mtmc.agents.llm import LLMFailure, ask, endpoint
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import MemoryUnavailable, Store
+from mtmc.prompts.explainer import SYSTEM
 from mtmc.tools.hardware import HardwareProfile, get_profile, resolve
+from mtmc.tools.llm import LLMFailure, ask, endpoint
 
 _STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
 _KNOB = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([\w.]+)")
@@ -26,13 +27,6 @@ _FUSE = re.compile(r"\bfus(e|ed|ion|ing)\b", re.I)
 _ITEM = re.compile(r"^\s*- ")
 
 
-SYSTEM = """You explain the decisions of a GPU kernel optimizer (a planner that turns one knob per step,
-a coder, a verifier that compiles, checks and times each draft) to the engineer who asked.
-Answer the question in one to three short paragraphs of plain prose, from the facts you are given
-and nothing else. Do not invent numbers, alternatives, reasons, hardware figures or past runs:
-quote every number exactly as the facts write it, and say which times were measured and which
-only estimated. If the facts do not answer the question, say so in one sentence. No headings,
-no lists, no code."""
 FACTS_HEAD = "Facts from the run's records (what the answer above was written from):"
 
 

@@ -1,0 +1,274 @@
+"""The steps of the module flow (agents.module_flow, the module graph), as plain functions:
+capture in a sandboxed child and the size checks, a group's outcome from its kernel run,
+ModelNew written and checked by the guard of `mtmc verify` (groups that break it fall back),
+ModelNew timed on a GPU, and the final answer in words.
+
+The upload is never imported here: capture, the check and the timing run in sandboxed children
+(timeout, memory limit, no network).  A bad upload (syntax error, missing get_inputs, an import
+that hangs or allocates without bound, a forward that raises) ends the run with status
+"rejected" and a message that says what went wrong and where; the app keeps running.
+
+Speed decides only where it is measured: on a GPU a group whose best kernel is slower than
+PyTorch eager on that group stays PyTorch; without one every group the catalog serves gets its
+kernel (times are roofline estimates, labelled so).  A group whose kernel passed its own check
+but breaks the whole module's check also stays PyTorch, so the written ModelNew is always the
+last version that passed.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import tempfile
+from pathlib import Path
+
+from mtmc import events as E
+from mtmc.kernels.catalog import describe
+from mtmc.kernels.spec import KernelSpec
+from mtmc.module import worker as module_worker
+from mtmc.module.assemble import assemble
+from mtmc.module.capture import PHASES, info_bytes, last_phase
+from mtmc.module.fusion import Group
+from mtmc.module.module_file import ModuleFileError, check_file
+from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
+from mtmc.tools.isolation import Confinement, IsolationUnavailable
+from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
+from mtmc.tools.worker import run_job
+
+CAPTURE_TIMEOUT_S = 120.0
+MEMORY_MB = 8192  # the interpreter's whole-module check on CPU; capture's cap comes from the machine
+
+
+class Rejected(Exception):
+    """The upload cannot be optimized; the message says why in plain words."""
+
+
+# -- capture --------------------------------------------------------------------------------
+
+def check_syntax(source: str, name: str) -> None:
+    """Parse (never run) the upload, so a syntax error is answered at once."""
+    try:
+        ast.parse(source, filename=name)
+    except SyntaxError as e:
+        text = f"\n  {e.text.strip()}" if e.text else ""
+        raise Rejected(f"{name} has a syntax error at line {e.lineno}: {e.msg}{text}") from None
+
+
+def capture_in_child(path: str, timeout_s: float = CAPTURE_TIMEOUT_S, memory_mb: int | None = None) -> dict:
+    """module.capture's result for the file, from a sandboxed child capped at memory_mb (default:
+    machine.capture_memory_mb(), a share of free host memory); Rejected with a clear message
+    when the upload cannot be captured."""
+    name = os.path.basename(path)
+    memory_mb = capture_memory_mb() if memory_mb is None else memory_mb
+    try:
+        result = module_worker.run_job({"kind": "capture", "path": os.path.abspath(path)}, timeout_s=timeout_s,
+                         memory_mb=memory_mb, confine=Confinement(ro=[path]))
+    except IsolationUnavailable as e:
+        raise Rejected(f"{name}: {e}") from None
+    status = result.get("status")
+    phase = PHASES.get(last_phase(result.get("stderr_tail") or "") or "", "loading it")
+    if status == "timed_out":
+        raise Rejected(f"{name}: {phase} did not finish within {timeout_s:g} s (an endless loop, or waiting "
+                       "on something that never answers); the child process was stopped")
+    if status == "crashed":
+        tail = result.get("stderr_tail") or ""
+        if "MemoryError" in tail or "memory" in tail.lower() or result.get("returncode") == -9:
+            raise Rejected(f"{name}: {phase} ran out of memory (the limit is {memory_mb} MB); the child process died")
+        raise Rejected(f"{name}: the child process died while {phase}: {result.get('detail', '')[:500]}")
+    if status == "error":
+        if result.get("error_type") == "MemoryError":
+            raise Rejected(f"{name}: {phase} ran out of memory (the limit is {memory_mb} MB)")
+        raise Rejected(f"{name}: capturing the module failed while {phase}: "
+                       f"{result.get('error_type')}: {result.get('message', '')[:500]}")
+    captured = result["result"]
+    if "upload_error" in captured:
+        raise Rejected(captured["upload_error"])
+    return captured
+
+
+def memory_needs(captured: dict, gpu: bool) -> dict:
+    """Bytes of the upload's inputs, parameters and outputs (known from the capture's shapes), and
+    the GPU's free memory when a GPU is used (None when unknown or unused)."""
+    need = {"inputs_bytes": info_bytes(captured["inputs"]), "params_bytes": info_bytes(captured["params"].values()),
+            "outputs_bytes": info_bytes(captured.get("outputs", []))}
+    free = gpu_memory() if gpu else None
+    return {**need, "total_bytes": sum(need.values()), "gpu_free_bytes": free[0] if free else None}
+
+
+def check_fits(name: str, memory: dict) -> None:
+    """Rejected when the upload cannot be held on the GPU at its full size.  Without a GPU nothing
+    is refused for size: the kernels are checked at cut sizes in Triton's interpreter."""
+    free, total = memory["gpu_free_bytes"], memory["total_bytes"]
+    if free is not None and total > free:
+        raise Rejected(f"{name} is too big for this GPU: its inputs ({gib(memory['inputs_bytes'])}), parameters "
+                       f"({gib(memory['params_bytes'])}) and outputs ({gib(memory['outputs_bytes'])}) need "
+                       f"{gib(total)} ({total} bytes), and the GPU has {gib(free)} ({free} bytes) free")
+
+
+def capture_checked(path: str, gpu: bool, timeout_s: float, memory_mb: int | None) -> tuple[dict, dict]:
+    """(captured, memory_needs) of the file; Rejected for a bad or too big upload."""
+    name = os.path.basename(path)
+    try:
+        check_file(path)   # .py only, under the upload limit: the chat's rules for the command line too
+    except ModuleFileError as e:
+        raise Rejected(str(e)) from None
+    try:
+        check_syntax(Path(path).read_text(), name)
+    except (OSError, UnicodeDecodeError) as e:
+        raise Rejected(f"cannot read {path}: {e}") from None
+    captured = capture_in_child(path, timeout_s, memory_mb)
+    memory = memory_needs(captured, gpu)
+    check_fits(name, memory)
+    return captured, memory
+
+
+def group_plan(g: Group) -> dict:
+    spec = KernelSpec.from_dict(g.spec)
+    return {"id": g.id, "graph": g.graph, "family": g.family, "ops": g.ops, "notes": g.notes,
+            "spec": {"op": spec.op, "dims": spec.dims, "dtype": spec.dtype, "description": describe(spec)}}
+
+
+# -- one group through the loop ---------------------------------------------------------------
+
+def outcome_from_state(state: dict, gpu: bool) -> dict:
+    """What the loop found for one group: a kernel, or why the group stays PyTorch."""
+    best = state.get("best") or {}
+    if state.get("status") != "done" or not best:
+        return {"status": "fallback", "reason": (state.get("message") or "no draft passed").splitlines()[0]}
+    verdict = best.get("verdict") or {}
+    baselines = state.get("baselines") or {}
+    out = {"status": "kernel", "source": best["source"], "config": best["config"], "step": best.get("step"),
+           "correctness": verdict.get("correctness") or {}, "time_ms": best.get("time_ms"),
+           "measured": bool(verdict.get("measured")), "eager_ms": baselines.get("eager_ms"),
+           "compile_ms": baselines.get("compile_ms"), "resources": verdict.get("resources"),
+           "reason": "the catalog serves it"}
+    if gpu and out["measured"] and out["eager_ms"] and out["time_ms"] > out["eager_ms"]:
+        out.update(status="fallback", reason=f"its best kernel ({out['time_ms']:.4f} ms) loses to PyTorch eager "
+                   f"({out['eager_ms']:.4f} ms) on the GPU")
+    elif not gpu:
+        out["reason"] = "no GPU to compare speeds: every group the catalog serves gets its kernel"
+    return out
+
+
+def _emit(on_event, event: E.Event) -> None:
+    if on_event:
+        on_event(event.to_dict())
+
+
+# -- assemble and check -----------------------------------------------------------------------
+
+def _kernels(groups: list[Group], outcomes: dict[int, dict], only: set[int] | None = None) -> dict[int, dict]:
+    chosen = {}
+    for g in groups:
+        o = outcomes.get(g.id, {})
+        if o.get("status") == "kernel" and (only is None or g.id in only):
+            summary = f"config: {o['config']}\ncorrectness: {o['correctness'].get('reason', '')}"
+            chosen[g.id] = {"source": o["source"], "config": o["config"], "summary": summary}
+    return chosen
+
+
+INTERPRETER_MAX_ELEMS = 1 << 20  # per input tensor in the interpreter's check: cut along the batch above
+
+
+def reference_run(upload: str, gpu: bool, timeout_s: float) -> ReferenceRun | dict:
+    """The trusted run of the upload's Model that every ModelNew version is checked against
+    (guard.run_reference, once per upload), or the check's result when none can be made."""
+    try:
+        return run_reference(upload, "cuda" if gpu else "cpu", timeout_s, None if gpu else MEMORY_MB,
+                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS)
+    except ReferenceFailed as e:  # capture ran Model, so this is randomness or size, not a broken upload
+        return {"status": "skipped", "reason": f"the whole module cannot be checked: {e}; each group's kernel "
+                "was checked on its own"}
+
+
+def check_in_child(path: str, ref: ReferenceRun | dict, timeout_s: float, pytorch_only: bool = False) -> dict:
+    """ModelNew at `path` through the same guard as `mtmc verify` (its own sandboxed child, fresh
+    inputs, poisoned memory, every cheat check), as {"status": "passed" | "failed" | "skipped",
+    "reason", "verdict"}."""
+    if isinstance(ref, dict):
+        return ref
+    v = check_candidate(ref, path, timeout_s, None if ref.device == "cuda" else MEMORY_MB)
+    if v["outcome"] == "timed out" and ref.device == "cpu":
+        # the interpreter is slow, not wrong: each group's kernel passed its own check
+        return {"status": "skipped", "reason": f"the whole module did not finish within {timeout_s:g} s in "
+                "Triton's interpreter; each group's kernel was checked on its own", "verdict": v}
+    if v["outcome"] == "invalid reference":   # the reference itself failed on fresh inputs: no verdict
+        return {"status": "skipped", "reason": f"the whole module cannot be checked: {v['checks'][0]['detail']}; "
+                "each group's kernel was checked on its own", "verdict": v}
+    return as_module_check(v, pytorch_only)
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def write_model_new(source: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path) -> None:
+    """ModelNew with the kernel of every group whose outcome is one, written to `out`."""
+    write_text(out, assemble(source, captured, groups, _kernels(groups, outcomes)))
+
+
+def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
+                     gpu: bool, timeout_s: float, on_event=None) -> dict:
+    """Write ModelNew with every kernel, check it; when the check fails, find the groups that
+    break it (each checked alone), let them fall back, and write and check again."""
+    ref = reference_run(upload, gpu, timeout_s)
+    try:
+        return _check_until_it_passes(Path(upload).read_text(), ref, captured, groups, outcomes, out, timeout_s,
+                                      on_event)
+    finally:
+        if isinstance(ref, ReferenceRun):
+            ref.close()   # its session holds the reference's tensors (on the GPU, several GB)
+
+
+def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict, groups: list[Group],
+                           outcomes: dict[int, dict], out: Path, timeout_s: float, on_event=None) -> dict:
+    def write_and_check(path: Path, kernels: dict, announce: bool = True) -> dict:
+        write_text(path, assemble(source, captured, groups, kernels))
+        check = check_in_child(str(path), ref, timeout_s, pytorch_only=not kernels)
+        if announce:
+            _emit(on_event, E.ModuleCheck(status=check["status"], reason=check.get("reason", "")))
+        return check
+
+    check = write_and_check(out, _kernels(groups, outcomes))
+    if check["status"] != "failed" or not _kernels(groups, outcomes):
+        return check
+    with tempfile.TemporaryDirectory(prefix="mtmc-isolate-") as tmp:
+        for gid in list(_kernels(groups, outcomes)):
+            one = write_and_check(Path(tmp) / f"group_{gid}.py", _kernels(groups, outcomes, {gid}), announce=False)
+            if one["status"] == "failed":
+                outcomes[gid].update(status="fallback", reason=f"breaks the module check: {one.get('reason', '')}")
+                _emit(on_event, E.GroupFallback(group=gid, reason=outcomes[gid]["reason"]))
+    check = write_and_check(out, _kernels(groups, outcomes))
+    if check["status"] == "failed" and _kernels(groups, outcomes):
+        # together they still break it: write the all-PyTorch ModelNew rather than a wrong one
+        for gid in _kernels(groups, outcomes):
+            outcomes[gid].update(status="fallback", reason=f"the module check failed with it: {check.get('reason', '')}")
+            _emit(on_event, E.GroupFallback(group=gid, reason=outcomes[gid]["reason"]))
+        check = write_and_check(out, {})
+    return check
+
+
+def time_in_child(path: str, timeout_s: float) -> dict:
+    result = run_job({"kind": "module_time", "path": os.path.abspath(path), "device": "cuda"}, confine=Confinement(ro=[path]),
+                     timeout_s=timeout_s, interpret=False)
+    if result.get("status") == "ok":
+        return result["result"]
+    return {"measured": False, "error": f"{result.get('status')}: {result.get('message') or result.get('detail', '')}"[:500]}
+
+
+def final_message(s: dict) -> str:
+    kernels = sum(1 for g in s["groups"] if g["status"] == "kernel")
+    if s["status"] == "failed":
+        return (f"{s['file']}: ModelNew does not match Model even with every group left to PyTorch "
+                f"({s['check'].get('reason', '')}); Model's outputs may be random (dropout in training mode, "
+                "random ops) or depend on state. The file was written, unoptimized, to " + s["out"])
+    lines = [f"{s['file']}: {len(s['groups'])} fusion group(s), {kernels} with a Triton kernel; ModelNew written to {s['out']}.",
+             f"Check: {s['check']['status']}: {s['check'].get('reason', '')}"]
+    e2e = s.get("end_to_end")
+    if e2e and e2e.get("measured"):
+        lines.append(f"End to end: {e2e['ours_ms']:.4f} ms vs eager {e2e['eager_ms']:.4f} ms "
+                     f"({e2e['speedup_vs_eager']:.2f}x)" + (f", torch.compile {e2e['compiled_ms']:.4f} ms "
+                     f"({e2e['speedup_vs_compiled']:.2f}x)" if e2e.get("compiled_ms") else ""))
+    elif not s["gpu"]:
+        lines.append("No GPU: speed not measured; per-group times are roofline estimates.")
+    return "\n".join(lines)
