@@ -20,7 +20,7 @@ def verify(state: State, runtime: Runtime[Context]) -> dict:
     use_gpu = gpu_available() if ctx.use_gpu is None else ctx.use_gpu
     verdict = verify_draft(spec, cand["source"], cand["config"], resolve(ctx.target), gpu=use_gpu,
                            timeout_s=ctx.timeout_s, baselines=not state.get("baselines"),
-                           compile_baseline=ctx.compile_baseline)
+                           compile_baseline=ctx.compile_baseline, best_ms=(state.get("best") or {}).get("time_ms"))
     emit(E.Verify(step=cand["step"], verdict=verdict))
     update = {"candidate": {**cand, "verdict": verdict, "time_ms": verdict.get("time_ms")},
               "tried": state.get("tried", []) + [config_key(cand["config"])]}

@@ -1,16 +1,31 @@
-"""One verification of a draft: compile for the target, check, time -- in warm sandboxed sessions
-(tools.warm), as the worker jobs the tools run on the draft's task (kernels.task).
+"""One verification of a draft, cheap checks first:
+
+  1. compile for the target GPU (registers, spills, shared memory against its limits) and a quick
+     check against the float64 reference, side by side in warm sandboxed sessions (tools.warm;
+     on a GPU the quick check also times the draft);
+  2. the guard of `mtmc verify` (tools.guard) on the draft as a module pair (kernels.module_pair):
+     its own sandboxed sessions, fresh inputs of several kinds, poisoned outputs, inputs left
+     unchanged, output format, its own kernels doing the work, the tolerance, no result caching.
+     A draft becomes a step's result only when the guard accepts it.
 
 The verdict is plain data the agents route on:
-  ok, stage ("compile" | "check" | "time" | "sandbox"), kind (None, or the failure:
+  ok, stage ("compile" | "check" | "guard" | "time" | "sandbox"), kind (None, or the failure:
   smem_overflow | register_spills | too_many_regs | compile_error | wrong_values |
-  runtime_error | timed_out | crashed), detail, resources, correctness, timing, time_ms,
-  measured, and baselines (eager / torch.compile ms, when measured on a GPU).
+  runtime_error | timed_out | crashed | guard_rejected), detail, resources, correctness, guard
+  (outcome and the failed checks), timing, time_ms, measured, and baselines (eager /
+  torch.compile ms, when measured on a GPU).
 """
 from __future__ import annotations
 
+import atexit
+import json
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.estimate import estimate_time
+from mtmc.kernels.module_pair import PairChecker
 from mtmc.kernels.spec import KernelSpec
 from mtmc.kernels.task import task_of
 from mtmc.tools.hardware import HardwareProfile
@@ -61,8 +76,9 @@ def interpret(result: dict, spec: KernelSpec, config: dict, profile: HardwarePro
         kind = "compile_error" if stage == "compile" else "runtime_error"
         return _failure(stage, kind, f"{result.get('error_type')}: {result.get('message', '')}"[:3000], **base)
     if parts.get("failed_at") == "compile":
-        v = resources["violations"][0]
-        return _failure("compile", v["kind"], v.get("detail", ""), **base)
+        violations = resources.get("violations") or [
+            {"kind": "compile_error", "detail": "no Triton kernel was compiled: launch() ran none"}]
+        return _failure("compile", violations[0]["kind"], violations[0].get("detail", ""), **base)
     if parts.get("failed_at") == "check":
         return _failure("check", "wrong_values", correctness.get("reason", ""), **base)
     verdict = {"ok": True, "stage": "done", "kind": None, "detail": "", **base}
@@ -112,10 +128,112 @@ def _run_split(job: dict, timeout_s: float, gpu: bool, pool) -> dict:
             "stderr_tail": (comp.get("stderr_tail") or "") + (chk.get("stderr_tail") or "")}
 
 
+MAX_REFERENCES = 4          # guard references kept open (a module's groups run side by side)
+_CHECKERS: OrderedDict[tuple, PairChecker] = OrderedDict()
+_CHECKERS_LOCK = threading.Lock()
+
+
+def _lend(key: tuple) -> PairChecker | None:
+    """The open checker of `key`, lent (under _CHECKERS_LOCK); None when there is none alive."""
+    found = _CHECKERS.get(key)
+    if found is not None and not found.alive and not found.lent:
+        _CHECKERS.pop(key).close()
+        found = None
+    if found is not None:
+        _CHECKERS.move_to_end(key)
+        found.lent += 1
+    return found
+
+
+@contextmanager
+def _checker(spec: KernelSpec, dims: dict, device: str, timeout_s: float):
+    """The open guard reference for this spec at these dims, lent for one check (opened on first
+    use, opened again when its session died; past MAX_REFERENCES the oldest one not lent out is
+    closed).  On a GPU the reference holds full-size tensors there: it is closed after the check."""
+    if device == "cuda":
+        checker = PairChecker(spec, dims, device, timeout_s)
+        try:
+            yield checker
+        finally:
+            checker.close()
+        return
+    key = (spec.key(), json.dumps(dims, sort_keys=True), device)
+    with _CHECKERS_LOCK:
+        found = _lend(key)
+    if found is None:   # opened outside the lock: other groups' checks go on meanwhile
+        opened = PairChecker(spec, dims, device, timeout_s)
+        with _CHECKERS_LOCK:
+            found = _lend(key)
+            if found is None:
+                found = _CHECKERS[key] = opened
+                found.lent += 1
+            else:
+                opened.close()
+            for old in [k for k, c in _CHECKERS.items() if not c.lent][:max(0, len(_CHECKERS) - MAX_REFERENCES)]:
+                _CHECKERS.pop(old).close()
+    try:
+        yield found
+    finally:
+        with _CHECKERS_LOCK:
+            found.lent -= 1
+
+
+def close_checkers() -> None:
+    with _CHECKERS_LOCK:
+        while _CHECKERS:
+            _CHECKERS.popitem()[1].close()
+
+
+atexit.register(close_checkers)
+
+
+# a guard check about the tolerance itself, not about the draft: it decides nothing here
+_NOT_THE_DRAFTS = {"tolerance_discriminates"}
+
+
+def guard_verdict(spec: KernelSpec, source: str, dims: dict, gpu: bool, timeout_s: float) -> dict:
+    """The guard's verdict on the draft at `dims`, in short: {"accepted", "outcome", "failed":
+    [{name, detail}], "checks": number of checks that ran}."""
+    with _checker(spec, dims, "cuda" if gpu else "cpu", timeout_s) as checker:
+        v = checker.check(source)
+    failed = [{"name": c["name"], "detail": c["detail"]} for c in v["checks"]
+              if c["passed"] is False and c["name"] not in _NOT_THE_DRAFTS]
+    ran = [c for c in v["checks"] if c["passed"] is not None]
+    accepted = v["outcome"] == "accepted" or (v["outcome"] == "rejected" and not failed)
+    return {"accepted": accepted, "outcome": v["outcome"], "failed": failed, "checks": len(ran),
+            "stderr_tail": "" if accepted else (v.get("stderr_tail") or "")[-1500:]}
+
+
+def _guard_failure(verdict: dict, guard: dict) -> dict:
+    kind = {"timed out": "timed_out", "crashed": "crashed"}.get(guard["outcome"], "guard_rejected")
+    if kind == "guard_rejected" and [f["name"] for f in guard["failed"]] == ["correctness"]:
+        kind = "wrong_values"
+    detail = "; ".join(f"{f['name']}: {f['detail']}" for f in guard["failed"]) or guard["outcome"]
+    return _failure("guard", kind, f"the guard of mtmc verify rejected it: {detail}"[:3000],
+                    resources=verdict.get("resources"), correctness=verdict.get("correctness"), guard=guard)
+
+
 def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareProfile, *, gpu: bool,
-                 timeout_s: float = 240.0, baselines: bool = True, compile_baseline: bool = True) -> dict:
+                 timeout_s: float = 240.0, baselines: bool = True, compile_baseline: bool = True,
+                 best_ms: float | None = None) -> dict:
+    """The verdict on a draft.  The guard runs on a draft that passed the cheap checks and can
+    become the result: the first, or one faster than `best_ms` (the best draft so far); a
+    correct but slower one is kept out of the result by its time alone (verdict["guard"]:
+    {"skipped": why})."""
     job = build_job(spec, source, config, profile, gpu, baselines, compile_baseline)
     result = _run_split(job, timeout_s, gpu, drafts_pool())
     verdict = interpret(result, spec, config, profile)
     verdict["stderr_tail"] = (result.get("stderr_tail") or "")[-1500:] if not verdict["ok"] else ""
+    if not verdict["ok"]:
+        return verdict            # the cheap checks failed: the guard has nothing to add
+    if best_ms is not None and not verdict["time_ms"] < best_ms:
+        verdict["guard"] = {"skipped": f"not faster than the best draft ({best_ms:.4f} ms): it cannot become the result"}
+        return verdict
+    guard = guard_verdict(spec, source, job["dims"], gpu, timeout_s)
+    if not guard["accepted"]:
+        failure = _guard_failure(verdict, guard)
+        failure["stderr_tail"] = guard.pop("stderr_tail")
+        return failure
+    guard.pop("stderr_tail")
+    verdict["guard"] = guard
     return verdict

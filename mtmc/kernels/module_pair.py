@@ -4,16 +4,23 @@ single generated kernel goes through the same checks as a whole module.
 
   reference_source(spec, dims), candidate_source(spec, kernel_source)  -> module text
   verify_kernel(spec, kernel_source, dims, device)                      -> guard verdict
+  PairChecker(spec, dims, device).check(kernel_source)                  -> guard verdict, the
+      reference's session kept open between kernels (the loop's drafts: each pays only its own)
 """
 from __future__ import annotations
 
+import itertools
 import json
+import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.guard import DEFAULT_TIMEOUT_S, verify
+from mtmc.tools.guard import (
+    DEFAULT_TIMEOUT_S, ReferenceFailed, check_candidate, invalid_reference, run_reference, verify,
+)
 
 _REFERENCE = '''import math
 
@@ -80,3 +87,41 @@ def verify_kernel(spec: KernelSpec, kernel_source: str, dims: dict | None = None
         ref.write_text(reference_source(spec, dims))
         cand.write_text(candidate_source(spec, kernel_source))
         return verify(ref, cand, device=device, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+
+
+class PairChecker:
+    """The guard's reference for one spec at `dims`, opened once and kept: each kernel checked
+    against it gets a fresh candidate session and fresh inputs, as `mtmc verify` gives them."""
+
+    def __init__(self, spec: KernelSpec, dims: dict, device: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.spec, self.timeout_s = spec, timeout_s
+        self.dir = Path(tempfile.mkdtemp(prefix="mtmc-guard-kernel-"))
+        self.dir.chmod(0o755)     # our template's code and its reference: the sandbox user reads them
+        self.reference = self.dir / "reference.py"
+        self.reference.write_text(reference_source(spec, dims))
+        self._lock, self._n = threading.Lock(), itertools.count()
+        self.lent = 0             # checks under way or about to start (kernels.drafts lends it)
+        try:
+            self.ref, self.error = run_reference(self.reference, device, timeout_s), None
+        except ReferenceFailed as e:
+            self.ref, self.error = None, e
+
+    @property
+    def alive(self) -> bool:
+        return self.ref is None or self.ref.session.alive
+
+    def check(self, kernel_source: str) -> dict:
+        cand = self.dir / f"candidate_{next(self._n)}.py"
+        cand.write_text(candidate_source(self.spec, kernel_source))
+        try:
+            if self.ref is None:
+                return invalid_reference(self.reference, cand, self.error)
+            with self._lock:
+                return check_candidate(self.ref, cand, self.timeout_s)
+        finally:
+            cand.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.ref is not None:
+            self.ref.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -8,8 +8,9 @@ guard.probes); the parent judges (guard.checks, guard.numeric) and assembles the
 """
 from mtmc.tools.guard.report import as_module_check, format_verdict
 from mtmc.tools.guard.verifier import (
-    DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ReferenceFailed, ReferenceRun, check_candidate, run_reference, verify,
+    DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ReferenceFailed, ReferenceRun, check_candidate, invalid_reference,
+    run_reference, verify,
 )
 
 __all__ = ["verify", "run_reference", "check_candidate", "ReferenceRun", "ReferenceFailed", "format_verdict",
-           "as_module_check", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB"]
+           "as_module_check", "invalid_reference", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB"]

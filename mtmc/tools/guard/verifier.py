@@ -256,14 +256,19 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
     return {**base, **judge_candidate(obs, metas, judged, timed, len(ref.variants), why)}
 
 
+def invalid_reference(reference: str | Path, candidate: str | Path, error: Exception) -> dict:
+    """The verdict when the reference itself cannot run: no candidate can be judged."""
+    return {"reference": str(reference), "candidate": str(candidate), "outcome": "invalid reference",
+            "accepted": False, "checks": [C.check("reference", False, str(error))], "trials": [],
+            "max_abs_err": None, "rel_err": None, "tol_ratio": None, "timing": None, "notes": []}
+
+
 def verify(reference: str | Path, candidate: str | Path, device: str | None = None,
            timeout_s: float = DEFAULT_TIMEOUT_S, memory_mb: int | None = DEFAULT_MEMORY_MB) -> dict:
     """The full verification of CANDIDATE's ModelNew against REFERENCE's Model, on fresh inputs."""
     try:
         ref = run_reference(reference, device, timeout_s, memory_mb)
     except ReferenceFailed as e:
-        return {"reference": str(reference), "candidate": str(candidate), "outcome": "invalid reference",
-                "accepted": False, "checks": [C.check("reference", False, str(e))], "trials": [],
-                "max_abs_err": None, "rel_err": None, "tol_ratio": None, "timing": None, "notes": []}
+        return invalid_reference(reference, candidate, e)
     with ref:
         return check_candidate(ref, candidate, timeout_s, memory_mb)
