@@ -170,6 +170,11 @@ def test_baselines_are_measured_once_per_task_gpu_and_versions(tmp_path, monkeyp
     assert measured[3:] == ["default"]
     kb.baselines(task, "sha", kb.BaselineCache(tmp_path / "b.jsonl", {**env, "torch": "2.13"}), 60)
     assert len(measured) == 7
+    measured.clear()   # a time-limited run may time one compile mode only
+    kb.baselines(kb.Task("level1/2_b.py", 1, tmp_path / "b.py"), "sha2", kb.BaselineCache(tmp_path / "b.jsonl", env),
+                 60, modes=("default",))
+    assert measured == ["eager", "default"]
+    assert kb.parse_args(["--compile-modes", "default"]).compile_modes == ["default"]
 
 
 def test_tasks_are_found_in_level_and_number_order_and_filtered(tmp_path):
