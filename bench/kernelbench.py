@@ -45,6 +45,7 @@ DEFAULT_FOLDER = REPO.parent / "shared" / "kernelbench-dev"
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 BASELINE_MODES = ("eager", *COMPILE_MODES)
 TOLERANCES = ("1e-2", "1e-4")
+GROUP_LINES = 40
 FAST_TOL = "1e-2"   # "correct" in fast_1 and the geometric means: KernelBench's papers' tolerance
 EVALUATED = ("done", "failed")   # optimize statuses that leave a ModelNew file to evaluate
 CPU_MEMORY_MB = 8192   # the CPU evaluation child's cap (a GPU child gets none: CUDA reserves far more)
@@ -196,7 +197,18 @@ def run_optimize(cmd: list[str], log_path: Path, timeout_s: float) -> dict:
             out["message"] = (summary.get("message") or "")[:1000]
     if out["status"] != "done":
         out["message"] = "\n".join(filter(None, [out["message"], _tail(log_path)]))[-2000:]
+    out["outcomes"] = group_outcomes(log_path)
     return out
+
+
+def group_outcomes(log_path: Path) -> list[str]:
+    """What happened to each group and to the module check, from optimize's progress lines:
+    why a group kept PyTorch is the first thing to read when a task comes back at 1.00x."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln.strip()[:300] for ln in lines if ln.startswith(("== group", "[module"))][:GROUP_LINES]
 
 
 # -- 2. evaluate, and 3. the baselines ----------------------------------------------------------
@@ -332,6 +344,10 @@ def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
                 keep = opts.save_new / task.rel
                 keep.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(new_path, keep)
+        if opts.save_new and (Path(tmp) / "optimize.log").exists():
+            keep = opts.save_new / task.rel
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(tmp) / "optimize.log", keep.with_suffix(".log"))
     if cache is not None and (record["eval"] or {}).get("new_ms"):
         record["baselines"] = baselines(task, sha, cache, opts.compile_timeout, opts.compile_modes)
     record.update(outcome(record))
