@@ -45,6 +45,7 @@ DEFAULT_FOLDER = REPO.parent / "shared" / "kernelbench-dev"
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 BASELINE_MODES = ("eager", *COMPILE_MODES)
 TOLERANCES = ("1e-2", "1e-4")
+GROUP_LINES = 40
 FAST_TOL = "1e-2"   # "correct" in fast_1 and the geometric means: KernelBench's papers' tolerance
 EVALUATED = ("done", "failed")   # optimize statuses that leave a ModelNew file to evaluate
 CPU_MEMORY_MB = 8192   # the CPU evaluation child's cap (a GPU child gets none: CUDA reserves far more)
@@ -196,7 +197,18 @@ def run_optimize(cmd: list[str], log_path: Path, timeout_s: float) -> dict:
             out["message"] = (summary.get("message") or "")[:1000]
     if out["status"] != "done":
         out["message"] = "\n".join(filter(None, [out["message"], _tail(log_path)]))[-2000:]
+    out["outcomes"] = group_outcomes(log_path)
     return out
+
+
+def group_outcomes(log_path: Path) -> list[str]:
+    """What happened to each group and to the module check, from optimize's progress lines:
+    why a group kept PyTorch is the first thing to read when a task comes back at 1.00x."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln.strip()[:300] for ln in lines if ln.startswith(("== group", "[module"))][:GROUP_LINES]
 
 
 # -- 2. evaluate, and 3. the baselines ----------------------------------------------------------
@@ -259,11 +271,12 @@ def measure_baseline(task: Task, mode: str, timeout_s: float) -> dict:
     return {**r, "timeout_s": timeout_s}
 
 
-def baselines(task: Task, sha: str, cache: BaselineCache, timeout_s: float) -> dict:
+def baselines(task: Task, sha: str, cache: BaselineCache, timeout_s: float,
+              modes: tuple[str, ...] = COMPILE_MODES) -> dict:
     """Eager and torch.compile times of the task's Model, from the cache or measured (and
     cached unless the child crashed or raised, which may not happen again)."""
     out = {}
-    for mode in BASELINE_MODES:
+    for mode in ("eager", *modes):
         entry = cache.get(sha, mode)
         if not reusable(entry, timeout_s):
             entry = measure_baseline(task, mode, timeout_s)
@@ -312,6 +325,7 @@ class Options:
     target: str | None = None
     trials: int = 3
     save_new: Path | None = None
+    compile_modes: tuple[str, ...] = COMPILE_MODES
 
 
 def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
@@ -330,8 +344,12 @@ def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
                 keep = opts.save_new / task.rel
                 keep.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(new_path, keep)
+        if opts.save_new and (Path(tmp) / "optimize.log").exists():
+            keep = opts.save_new / task.rel
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(tmp) / "optimize.log", keep.with_suffix(".log"))
     if cache is not None and (record["eval"] or {}).get("new_ms"):
-        record["baselines"] = baselines(task, sha, cache, opts.compile_timeout)
+        record["baselines"] = baselines(task, sha, cache, opts.compile_timeout, opts.compile_modes)
     record.update(outcome(record))
     record["seconds"] = round(time.monotonic() - start, 1)
     return record
@@ -444,7 +462,8 @@ NOTES = f"""\
   file's @triton.jit kernels; the Triton share is of ModelNew's GPU kernel time in one profiled call
   (mean over the n tasks evaluated on a GPU).
 - fast_1: correct at {FAST_TOL} and faster than the baseline, over all tasks of the level.  torch.compile is
-  the faster of modes {' and '.join(COMPILE_MODES)} (eager when neither compiled).
+  the faster of the modes timed (of {' and '.join(COMPILE_MODES)}; the run's compile_modes
+  say which; eager when none compiled).
 - geomean "correct (n)": over the n tasks correct at {FAST_TOL} with a measured speedup; "all": over every
   task, the others (incorrect, failed, timed out) counted 1.0x, since a failed task falls back to
   PyTorch.  "-": nothing was timed (no GPU).
@@ -556,6 +575,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=3, help="fresh input sets in the correctness check")
     p.add_argument("--budget", type=float, help="start no task after this many seconds (for time-limited calls)")
     p.add_argument("--save-new", help="keep each NEW.py under this folder")
+    # max-autotune compiles for minutes per module: a time-limited call may measure default only
+    p.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=list(COMPILE_MODES),
+                   help="torch.compile modes to time (the faster one is the baseline)")
     return p.parse_args(argv)
 
 
@@ -568,7 +590,7 @@ def main(argv=None) -> int:
     device = resolve_device(args.device)
     tasks = find_tasks(folder, args.levels, args.only, args.limit)
     opts = Options(device, args.timeout, args.eval_timeout, args.compile_timeout, args.max_steps, args.target,
-                   args.trials, Path(args.save_new) if args.save_new else None)
+                   args.trials, Path(args.save_new) if args.save_new else None, tuple(args.compile_modes))
     meta = run_meta(folder=str(folder), device=device, **{k: v for k, v in dataclasses.asdict(opts).items()
                                                          if k != "device"})
     name = args.out or f"{folder.resolve().name}-{'cpu' if device == 'cpu' else meta['gpu'].replace(' ', '_')}"

@@ -170,6 +170,11 @@ def test_baselines_are_measured_once_per_task_gpu_and_versions(tmp_path, monkeyp
     assert measured[3:] == ["default"]
     kb.baselines(task, "sha", kb.BaselineCache(tmp_path / "b.jsonl", {**env, "torch": "2.13"}), 60)
     assert len(measured) == 7
+    measured.clear()   # a time-limited run may time one compile mode only
+    kb.baselines(kb.Task("level1/2_b.py", 1, tmp_path / "b.py"), "sha2", kb.BaselineCache(tmp_path / "b.jsonl", env),
+                 60, modes=("default",))
+    assert measured == ["eager", "default"]
+    assert kb.parse_args(["--compile-modes", "default"]).compile_modes == ["default"]
 
 
 def test_tasks_are_found_in_level_and_number_order_and_filtered(tmp_path):
@@ -182,3 +187,12 @@ def test_tasks_are_found_in_level_and_number_order_and_filtered(tmp_path):
     assert rels(only=["*_a.py"]) == ["level1/2_a.py", "level3/5_a.py"]
     assert rels(only=["level1/1"]) == ["level1/10_b.py"]
     assert rels(limit=2) == ["level1/2_a.py", "level1/10_b.py"]
+
+
+def test_group_outcomes_are_kept_from_the_optimize_log(tmp_path):
+    log = tmp_path / "optimize.log"
+    log.write_text("capture ...\n== group 1: relu (elementwise) N=10\n  step 1 ...\n"
+                   "== group 1: pytorch (ours 2.1 ms vs eager 2.0 ms)\n[module check] skipped: no kernel\n")
+    assert kb.group_outcomes(log) == ["== group 1: relu (elementwise) N=10", "== group 1: pytorch (ours 2.1 ms vs eager 2.0 ms)",
+                                      "[module check] skipped: no kernel"]
+    assert kb.group_outcomes(tmp_path / "missing.log") == []

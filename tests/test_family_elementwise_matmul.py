@@ -280,3 +280,24 @@ def test_one_knob_change_is_a_small_diff():
     changed = [l for l in difflib.unified_diff(before, after, lineterm="", n=0)
                if l[:1] in "+-" and not l.startswith(("+++", "---"))]
     assert len(changed) == 4  # the config line of the header and the launch line, each - and +
+
+
+def test_fp32_matmul_runs_on_tensor_cores_at_fp32_accuracy_where_the_gpu_has_tf32():
+    spec = KernelSpec("matmul", "matmul", {"M": 128, "N": 32768, "K": 32768}, "float32",
+                      {"b_layout": "nk", "epilogue": [{"op": "bias"}, {"op": "silu"}]})
+    assert MATMUL.default_config(spec, H200)["PRECISION"] == "tf32x3"
+    assert MATMUL.default_config(spec, PROFILES["v100"])["PRECISION"] == "ieee"   # no TF32 before sm_80
+    config = {**matmul_config(), "PRECISION": "tf32x3"}
+    assert 'input_precision="tf32x3"' in MATMUL.render(spec, config)
+    small = KernelSpec("matmul", "matmul", {"M": 40, "N": 70, "K": 90}, "float32", spec.params)
+    assert_matches_torch(small, config)
+    # the estimate ranks it above IEEE FMAs on a compute-bound shape
+    from mtmc.kernels.estimate import estimate_time
+    big = KernelSpec("matmul", "matmul", {"M": 4096, "N": 4096, "K": 4096}, "float32")
+    cfg = MATMUL.default_config(big, H200)
+    assert estimate_time(big, cfg, H200)["ms"] < estimate_time(big, {**cfg, "PRECISION": "ieee"}, H200)["ms"]
+
+
+def test_a_matmul_config_from_before_the_precision_knob_means_ieee():
+    spec = KernelSpec("matmul", "matmul", {"M": 16, "N": 16, "K": 16}, "float32")
+    assert 'input_precision="ieee"' in MATMUL.render(spec, matmul_config())

@@ -70,3 +70,29 @@ def test_chunked_comparison_gives_the_same_verdict(monkeypatch, chunk):
     assert not numeric.compare(0.0, ref, eager)["ok"]   # a constant output, never materialized
     fp = numeric.fingerprint(eager)
     assert math.isclose(fp[0], float(eager.double().sum()), rel_tol=1e-9)
+
+
+def test_tensors_are_staged_through_the_file_where_cuda_ipc_is_refused(tmp_path, monkeypatch):
+    """On the H200 host a process in bubblewrap that dropped to its own uid gets "invalid argument"
+    from cudaIpcGetMemHandle: the guard must still judge, with the tensors staged on the host."""
+    import torch
+
+    import mtmc.tools.guard.exchange as ex
+
+    class OnGpu(torch.Tensor):   # stands in for a CUDA tensor on this CPU-only machine
+        @property
+        def is_cuda(self):
+            return True
+
+        def cpu(self):
+            return self.as_subclass(torch.Tensor).clone()
+
+    def refuse(_):
+        raise RuntimeError("CUDA error: invalid argument")
+    monkeypatch.setattr(ex, "_ipc_handles", refuse)
+    payload = ex.share({"outputs": [torch.arange(6.0).as_subclass(OnGpu)], "n": 3}, tmp_path, "outputs0")
+    assert payload["staged"] and "ipc" not in payload
+    moved = []
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self: moved.append(self.shape) or self)
+    got = ex.receive(payload, limit_bytes=1 << 20)
+    assert torch.equal(got["outputs"][0], torch.arange(6.0)) and got["n"] == 3 and moved == [torch.Size([6])]

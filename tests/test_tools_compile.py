@@ -242,3 +242,24 @@ def test_compile_after_the_interpreter_in_one_process():
     assert report.kernels[0].name == "rowsum" and report.kernels[0].regs > 0
     with pytest.raises(ValueError, match="wrapper bug"):
         compile_resources(HEADER + "def launch(x, out):\n    raise ValueError('wrapper bug')\n", spec, spec.dims, H200)
+
+
+def test_a_gpu_job_compiles_huge_shapes_at_small_dims():
+    """On a GPU the check runs at the full size, but the compile's CPU placeholders must not:
+    a 4096 x 393216 fp32 ReLU (KernelBench level 1) once asked the compile for a 6.4 GB tensor."""
+    from mtmc.kernels.catalog import family_of
+    from mtmc.kernels.drafts import COMPILE_NUMEL_LIMIT, build_job
+    spec = KernelSpec(family="elementwise", op="relu", dims={"M": 4096, "N": 393216}, dtype="float32")
+    config = family_of(spec).default_config(spec, PROFILES["h200"])
+    job = build_job(spec, "", config, PROFILES["h200"], gpu=True, baselines=False)
+    assert job["dims"] == spec.dims
+    assert math.prod(job["compile_dims"].values()) <= COMPILE_NUMEL_LIMIT
+
+
+def test_fp32_matmul_on_tf32x3_tensor_cores_compiles_for_sm90_within_limits():
+    from mtmc.kernels.families.matmul import FAMILY as MATMUL
+    spec = KernelSpec("matmul", "matmul", {"M": 512, "N": 512, "K": 512}, "float32", {"b_layout": "nk"})
+    config = MATMUL.default_config(spec, PROFILES["h200"])
+    assert config["PRECISION"] == "tf32x3"
+    report = compile_resources(MATMUL.render(spec, config), spec, None, PROFILES["h200"])
+    assert report.ok and report.kernels[0].spill_bytes == 0, report.violations

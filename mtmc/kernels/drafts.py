@@ -50,8 +50,10 @@ def _prod(shape) -> int:
 
 def build_job(spec: KernelSpec, source: str, config: dict, profile: HardwareProfile, gpu: bool,
               baselines: bool, compile_baseline: bool = True) -> dict:
-    check_dims = spec.dims if gpu else family_of(spec).check_dims(spec, config)
-    compile_dims = spec.dims if _numel(spec, spec.dims) <= COMPILE_NUMEL_LIMIT else check_dims
+    small = family_of(spec).check_dims(spec, config)
+    check_dims = spec.dims if gpu else small
+    # the small dims, never the GPU's check dims (the full size): a 6 GB placeholder broke the compile
+    compile_dims = spec.dims if _numel(spec, spec.dims) <= COMPILE_NUMEL_LIMIT else small
     return {"kind": "verify", "task": task_of(spec), "source": source, "dims": check_dims,
             "device": "cuda" if gpu else "cpu", "trials": 2, "target": profile.name,
             "compile_dims": compile_dims, "baselines": baselines, "compile_baseline": compile_baseline}

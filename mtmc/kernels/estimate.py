@@ -218,7 +218,10 @@ def _compute(s: _Shape, roof: dict, profile: HardwareProfile) -> dict:
     tile_eff = 1.0
     if _is_matmul(s.spec):
         tile_eff = min(1.0, 2.0 / (64 / s.bm + 64 / s.bn)) * s.bk / (s.bk + 4)
-    seconds = roof["flops"] / (roof["peak_tflops"] * 1e12 * tile_eff * wave_eff)
+    peak = roof["peak_tflops"]
+    if _is_matmul(s.spec) and s.spec.dtype == "float32":
+        peak = profile.fp32_matmul_tflops(s.config.get("PRECISION", "ieee"))
+    seconds = roof["flops"] / (peak * 1e12 * tile_eff * wave_eff)
     return {"wave_eff": wave_eff, "tile_eff": tile_eff, "compute_s": seconds}
 
 

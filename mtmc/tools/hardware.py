@@ -30,6 +30,13 @@ class HardwareProfile:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def fp32_matmul_tflops(self, precision: str) -> float:
+        """fp32 products at fp32 accuracy: IEEE FMAs, or three TF32 tensor-core products each
+        ("tf32x3", sm_80+), whichever the kernel uses."""
+        if precision == "tf32x3" and "tf32" in self.tc_tflops:
+            return max(self.fp32_tflops, self.tc_tflops["tf32"] / 3)
+        return self.fp32_tflops
+
     def peak_tflops(self, dtype: str, tensor_core: bool) -> float:
         if tensor_core:
             return self.tc_tflops.get(dtype, self.fp32_tflops)
@@ -38,13 +45,13 @@ class HardwareProfile:
 
 PROFILES: dict[str, HardwareProfile] = {
     "h200": HardwareProfile("NVIDIA H200", 90, 132, 232448, 233472, 65536, 255, 2048, 60 * 2**20,
-                            4300.0, 67.0, {"float16": 790.0, "bfloat16": 790.0, "float32": 67.0},
+                            4300.0, 67.0, {"float16": 790.0, "bfloat16": 790.0, "float32": 67.0, "tf32": 395.0},
                             memory_bytes=139 * 2**30),      # 141 GB, about 139 GiB usable
     "h100": HardwareProfile("NVIDIA H100 SXM", 90, 132, 232448, 233472, 65536, 255, 2048, 50 * 2**20,
-                            3000.0, 67.0, {"float16": 750.0, "bfloat16": 750.0, "float32": 67.0},
+                            3000.0, 67.0, {"float16": 750.0, "bfloat16": 750.0, "float32": 67.0, "tf32": 375.0},
                             memory_bytes=80 * 10**9),
     "a100": HardwareProfile("NVIDIA A100 SXM", 80, 108, 166912, 167936, 65536, 255, 2048, 40 * 2**20,
-                            1700.0, 19.5, {"float16": 280.0, "bfloat16": 280.0, "float32": 19.5},
+                            1700.0, 19.5, {"float16": 280.0, "bfloat16": 280.0, "float32": 19.5, "tf32": 140.0},
                             memory_bytes=80 * 10**9),
     "v100": HardwareProfile("NVIDIA V100 SXM2", 70, 80, 98304, 98304, 65536, 255, 2048, 6 * 2**20,
                             800.0, 15.7, {"float16": 110.0, "float32": 15.7},

@@ -23,6 +23,7 @@ from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 
 REDUCE_BLOCK = 1024    # elements per program of the split-K reduction
+FP32_PRECISIONS = ("ieee", "tf32x3")
 
 GROUPED_TILE_SOURCE = '''
 @triton.jit
@@ -142,9 +143,13 @@ class MatmulFamily(Family):
 
     # -- how -------------------------------------------------------------------------------
     def config_space(self, spec: KernelSpec) -> dict[str, list]:
-        return {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
-                "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 2, 4, 8, 16], "SPLIT_K": [1, 2, 4, 8, 16],
-                "PERSISTENT": [False, True], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5, 6]}
+        space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+                 "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 2, 4, 8, 16], "SPLIT_K": [1, 2, 4, 8, 16],
+                 "PERSISTENT": [False, True], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5, 6]}
+        if spec.dtype == "float32":
+            # fp32 accuracy either way: IEEE FMAs, or three TF32 tensor-core products (sm_80+)
+            space["PRECISION"] = list(FP32_PRECISIONS)
+        return space
 
     def default_config(self, spec: KernelSpec, hw) -> dict:
         d = spec.dims
@@ -154,7 +159,7 @@ class MatmulFamily(Family):
             return max(16, min(128, 1 << max(size - 1, 1).bit_length()))
 
         bm, bn = tile(m), tile(n)
-        # fp32 runs IEEE FMAs (no tensor cores): half the K depth keeps the same smem per stage.
+        # fp32 tiles are twice as wide in shared memory: half the K depth keeps the same smem per stage.
         bk = 32 if spec.dtype == "float32" else 64
         bk = min(bk, max(16, 1 << max(k - 1, 1).bit_length()))
         tiles = batch * -(-m // bm) * -(-n // bn)
@@ -165,16 +170,24 @@ class MatmulFamily(Family):
             split *= 2
         # Warps: 4 drive a 128x128 tensor-core tile; the fp32 FMA path wants 8 there (64
         # accumulators a thread; measured on an H200 at 4096^3: 44 vs 33 TFLOP/s).
+        # fp32 on tensor cores (tf32x3) where the GPU has TF32: cuBLAS's fp32 GEMM runs FMAs at
+        # ~52 TFLOP/s on an H200 and an IEEE Triton tile does not reach it.
+        tf32x3 = spec.dtype == "float32" and "tf32" in getattr(hw, "tc_tflops", {})
+        # tf32x3 splits each fp32 tile into two TF32 halves: 8 warps there too (4 spill at 128x128)
         big = 128 * 128 if spec.dtype == "float32" else 128 * 256
-        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8 if -(-m // bm) > 1 else 1,
-                "SPLIT_K": split, "PERSISTENT": False, "num_warps": 8 if bm * bn >= big else 4,
-                "num_stages": 3}
+        config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8 if -(-m // bm) > 1 else 1,
+                  "SPLIT_K": split, "PERSISTENT": False, "num_warps": 8 if bm * bn >= big else 4,
+                  "num_stages": 3}
+        if spec.dtype == "float32":
+            config["PRECISION"] = "tf32x3" if tf32x3 else "ieee"
+        return config
 
     def render(self, spec: KernelSpec, config: dict) -> str:
-        cfg = {k: config[k] for k in self.config_space(spec)}
+        # a config from before the precision knob (memory, a user's file) meant IEEE products
+        cfg = {"PRECISION": "ieee", **{k: config[k] for k in self.config_space(spec) if k in config}}
         epi = self.epilogue(spec)
         split = int(cfg["SPLIT_K"])
-        dot = ('tl.dot(a, b, acc=acc, input_precision="ieee")  # fp32: IEEE products, no tf32'
+        dot = (f'tl.dot(a, b, acc=acc, input_precision="{cfg["PRECISION"]}")  # fp32 accuracy'
                if spec.dtype == "float32" else "tl.dot(a, b, acc=acc)  # fp32 accumulation")
         bf16 = spec.dtype == "bfloat16"
         dot_tile = (DOT_TILE_SOURCE.replace("{dot}", dot).replace("{upcast}", BF16_UPCAST if bf16 else "")

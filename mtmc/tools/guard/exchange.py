@@ -11,6 +11,11 @@ sender must keep its tensors alive until the receiver has answered; the guard's 
 shape) goes into a small torch.save file in the check's private directory, read back with
 weights_only=True: on a GPU that file holds no tensor data; on the CPU (Triton's interpreter,
 small shapes) it holds the tensors themselves.
+
+Where the driver refuses to export a CUDA IPC handle (seen on an H200 host, driver 580, for a
+process inside bubblewrap that dropped from root to its own uid: cudaIpcGetMemHandle returns
+"invalid argument"), the tensors are staged through that file instead, and the receiver moves
+them back to the GPU: slower, the same verdict.
 """
 from __future__ import annotations
 
@@ -49,14 +54,26 @@ def share(tree, directory: str | Path, name: str) -> dict:
         return x.detach() if isinstance(x, torch.Tensor) else x
     skeleton = tree_map(mark, tree)
     path = Path(directory) / f"{name}.pt"
-    torch.save(skeleton, path)
     payload = {"file": str(path)}
     if cuda:
-        from multiprocessing.reduction import ForkingPickler
-
-        import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reductions)
-        payload["ipc"] = base64.b64encode(bytes(ForkingPickler.dumps(cuda))).decode()
+        try:
+            payload["ipc"] = _ipc_handles(cuda)
+        except RuntimeError:   # torch.AcceleratorError: the driver refused the export here
+            skeleton = tree_map(lambda x: cuda[int(x[len(_MARK):])].cpu() if _marked(x) else x, skeleton)
+            payload["staged"] = True
+    torch.save(skeleton, path)
     return payload
+
+
+def _marked(x) -> bool:
+    return isinstance(x, str) and x.startswith(_MARK)
+
+
+def _ipc_handles(cuda: list) -> str:
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reductions)
+    return base64.b64encode(bytes(ForkingPickler.dumps(cuda))).decode()
 
 
 def receive(payload: dict, limit_bytes: int | None = None):
@@ -76,7 +93,9 @@ def receive(payload: dict, limit_bytes: int | None = None):
         raise ExchangeError("the shared CUDA tensors are not a list of plain tensors")
 
     def unmark(x):
-        if isinstance(x, str) and x.startswith(_MARK):
+        if _marked(x):
             return cuda[int(x[len(_MARK):])]
+        if payload.get("staged") and isinstance(x, torch.Tensor):
+            return x.cuda()
         return x
     return tree_map(unmark, skeleton)
