@@ -7,8 +7,8 @@ from mtmc.kernels.spec import KernelSpec
 
 def _families() -> dict[str, Family]:
     # Imported here so that importing a spec does not import every template.
-    from mtmc.kernels.families import elementwise, matmul, norm, reduction, softmax
-    fams = [elementwise.FAMILY, reduction.FAMILY, softmax.FAMILY, norm.FAMILY, matmul.FAMILY]
+    from mtmc.kernels.families import conv, elementwise, matmul, norm, reduction, softmax
+    fams = [elementwise.FAMILY, reduction.FAMILY, softmax.FAMILY, norm.FAMILY, matmul.FAMILY, conv.FAMILY]
     return {f.name: f for f in fams}
 
 
