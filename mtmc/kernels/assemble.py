@@ -166,6 +166,9 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         body += [f"shape = (*v0.shape[:-1], {n})"]
         lead = "k0.shape[0]" if kind == "matmul" else "k0.shape[0], k0.shape[1]"
         body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
+    elif kind == "conv":
+        from mtmc.kernels.conv_fusion import out_shape_source
+        body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late
