@@ -149,6 +149,16 @@ def test_check_dims_are_small_consistent_and_run():
     assert CONV.check_dims(tiny, CONV.default_config(tiny, H200)) == tiny.dims   # small stays as it is
 
 
+@pytest.mark.parametrize("split", [1, 2])
+def test_64_bit_offsets_compute_the_same(split):
+    """The INDEX_64 path (tensors past 2**31 elements) forced on at a small size."""
+    spec = conv_spec("conv_transpose2d", (2, 4, 3, 4), 6, 3, stride=2, padding=1, groups=2, bias=True,
+                     epilogue=[{"op": "mul", "channel": True}])
+    source = CONV.render(spec, config(spec, ALGO="taps", SPLIT_K=split))
+    forced = source.replace("INDEX_64 = max(", "INDEX_64 = True or max(")
+    assert forced != source and check(spec, forced, device="cpu", trials=1).ok
+
+
 # -- broken sources must be rejected ----------------------------------------------------------------
 def test_check_rejects_a_wrong_stride():
     spec = conv_spec("conv2d", (1, 4, 9, 9), 4, 3, stride=2, padding=1)
@@ -199,7 +209,10 @@ out = {}
 for name, d in json.loads(sys.stdin.read()).items():
     spec = KernelSpec.from_dict(d)
     cfg = FAMILY.default_config(spec, h200)
-    out[name] = compile_resources(FAMILY.render(spec, cfg), spec, FAMILY.check_dims(spec, cfg), h200).to_dict()
+    source = FAMILY.render(spec, cfg)
+    if name.endswith("index64"):   # the 64-bit offsets of tensors past 2**31 elements
+        source = source.replace("INDEX_64 = max(", "INDEX_64 = True or max(")
+    out[name] = compile_resources(source, spec, FAMILY.check_dims(spec, cfg), h200).to_dict()
 print(json.dumps(out))
 """
 
@@ -220,6 +233,8 @@ def test_default_configs_compile_for_sm90_without_spills_and_within_shared_memor
     for name, spec in COMPILE_SPECS.items():
         specs[f"{name} float32"] = spec.to_dict()
         specs[f"{name} float16"] = {**spec.to_dict(), "dtype": "float16"}
+    specs["conv2d float32 index64"] = COMPILE_SPECS["conv2d"].to_dict()
+    specs["conv_transpose3d bfloat16 index64"] = {**COMPILE_SPECS["conv_transpose3d"].to_dict(), "dtype": "bfloat16"}
     reports = compile_defaults(specs)
     for name, report in reports.items():
         (kernel,) = [k for k in report["kernels"] if k["name"] == "conv_kernel"]

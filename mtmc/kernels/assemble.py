@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import family_of
+from mtmc.kernels.conv_fusion import out_shape_source
 from mtmc.kernels.fusion import Group
 from mtmc.kernels.fxjson import rebuild_graph
 from mtmc.kernels.spec import KernelSpec
@@ -167,7 +168,6 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         lead = "k0.shape[0]" if kind == "matmul" else "k0.shape[0], k0.shape[1]"
         body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
     elif kind == "conv":
-        from mtmc.kernels.conv_fusion import out_shape_source
         body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     else:
         raise ValueError(f"unknown output kind {kind!r}")

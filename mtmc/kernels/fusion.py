@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from mtmc.kernels import conv_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -121,7 +122,7 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g)
+        classify = Classifier(self.g, plugins=(conv_fusion,))
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -391,8 +392,7 @@ class Partitioner:
                      [last])
 
     def _conv_group(self, name: str, a: Anchor) -> None:
-        from mtmc.kernels.conv_fusion import build   # the conv, its bias and its pointwise tail
-        build(self, name, a)
+        conv_fusion.build(self, name, a)   # the conv, its bias and its pointwise tail
 
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:

@@ -310,8 +310,13 @@ class ConvFamily(Family):
         split = 1
         while split < 16 and programs * split * 2 <= sms and iters >= split * 2 * 4:
             split *= 2
+        # fp16/bf16 "taps" tiles read BLOCK_K channels per pixel: channels-last makes them contiguous,
+        # so loads vectorize and pipeline (asynchronous copies need 4+ contiguous bytes; NCHW rows
+        # wrap at image edges, so the compiler cannot prove them contiguous); one copy of x pays it
+        layout = "channels_last" if algo == "taps" and not fp32 else "nchw"
         cfg = {"ALGO": algo, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8 if -(-m // bm) > 1 else 1,
-               "SPLIT_K": split, "LAYOUT": "nchw", "num_warps": 8 if bm >= 128 or bm * bn >= 64 * 64 else 4, "num_stages": 3}
+               "SPLIT_K": split, "LAYOUT": layout, "num_warps": 8 if bm >= 128 or bm * bn >= 64 * 64 else 4,
+               "num_stages": 3}
         if fp32:
             cfg["PRECISION"] = "ieee"
         return cfg
