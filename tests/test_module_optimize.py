@@ -276,15 +276,15 @@ def test_broadcast_operands_are_read_in_place_where_their_kept_dims_are_one_run(
     assert_assembled_matches(tmp_path, BROADCASTS, cap, part)
 
 
-def test_conv_stays_pytorch_and_its_tail_is_fused():
+def test_conv_takes_its_tail_as_its_epilogue():
     part = partition(captured("conv_bias_act.py"))
     (g,) = part.groups
-    assert chain_ops(g.spec["params"]["chain"]) == ["add", "scale", "leaky_relu", "tanh"]
-    # the [C, 1, 1] bias on [B, C, H, W]: channel (i // (H * W)) % C, read in place
-    assert g.spec["params"]["chain"][0] == {"op": "add", "every": 64, "period": 8}
-    assert g.inputs[1]["view"] == "periodic" and not g.notes
-    assert [t["node"] for t in part.torch_ops] == ["conv"]
-    assert part.torch_ops[0]["why"] == "outside the kernel catalog"
+    assert (g.family, g.spec["op"]) == ("conv", "conv2d")
+    # the [C, 1, 1] bias on [B, C, H, W] is read as a [C] vector by channel
+    assert g.spec["params"]["epilogue"] == [{"op": "bias"}, {"op": "scale", "value": 0.5},
+                                            {"op": "leaky_relu", "value": 0.1}, {"op": "tanh"}]
+    assert [i["view"] for i in g.inputs] == ["as_is", "as_is", "vector"] and g.args[1] == {"attr": "conv.weight"}
+    assert not g.notes and part.torch_ops == []
 
 
 def test_attention_block_groups():
@@ -585,8 +585,8 @@ def test_cli_optimize_json_report_and_standalone_file(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["check"]["status"] == "passed"
-    assert [t["node"] for t in summary["torch_ops"]] == ["conv"]
-    assert "## Left to PyTorch" in report.read_text() and "Conv2d conv (line 17)" in report.read_text()
+    assert summary["torch_ops"] == [] and [g["family"] for g in summary["groups"]] == ["conv"]
+    assert "Conv2d conv (line 17)" in report.read_text() and "Triton conv" in report.read_text()
     # NEW.py runs on its own: Model, get_inputs and get_init_inputs kept, ModelNew defined
     code = ("import torch, runpy; ns = runpy.run_path('new.py'); m = ns['Model'](*ns['get_init_inputs']()); "
             "n = ns['ModelNew'](*ns['get_init_inputs']()); n.load_state_dict(m.state_dict()); "

@@ -38,7 +38,7 @@ _DRIVER = '''
 # ---- checking and timing --------------------------------------------------------------------
 SPEC = json.loads({spec_json!r})
 CONFIG = json.loads({config_json!r})
-DIMS = SPEC["dims"]
+DIMS = json.loads({dims_json!r})
 CHECK_DIMS = json.loads({check_dims_json!r})  # small shapes for Triton's interpreter
 INPUTS = json.loads({inputs_json!r})  # name, shape (dim names), dtype, init
 OUTPUT = json.loads({output_json!r})
@@ -70,6 +70,10 @@ def _out_shape(inputs):
         for name, size in zip(a["shape"], x.shape):
             if isinstance(name, str):
                 dims[name] = int(size)
+    for known in (DIMS, CHECK_DIMS):  # sizes only the output has (a conv's OH, OW) come from these
+        if all(known.get(k) == v for k, v in dims.items()):
+            dims = {{**known, **dims}}
+            break
     return _shape(OUTPUT["shape"], dims)
 
 
@@ -120,6 +124,17 @@ if __name__ == "__main__":
 '''
 
 
+def named_sizes(family, spec: KernelSpec, dims: dict) -> dict:
+    """dims plus every size a tensor's shape names that is derived from them (a conv weight's
+    "C_in/G"), so the file's _shape can read each shape by its names."""
+    sizes = dict(dims)
+    for a in [*family.inputs(spec), family.output(spec)]:
+        for name, size in zip(a.shape, a.concrete_shape(dims)):
+            if isinstance(name, str):
+                sizes.setdefault(name, int(size))
+    return sizes
+
+
 def standalone_source(spec: KernelSpec, config: dict, kernel_source: str, summary: str = "") -> str:
     family = family_of(spec)
     inputs = [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype or spec.dtype, "init": a.init}
@@ -129,7 +144,9 @@ def standalone_source(spec: KernelSpec, config: dict, kernel_source: str, summar
     header = _HEADER.format(title=family.describe(spec), summary=textwrap.indent(summary.strip(), "") if summary else "")
     driver = _DRIVER.format(
         spec_json=json.dumps(spec.to_dict()), config_json=json.dumps(config),
-        check_dims_json=json.dumps(family.check_dims(spec, config)), inputs_json=json.dumps(inputs),
+        dims_json=json.dumps(named_sizes(family, spec, spec.dims)),
+        check_dims_json=json.dumps(named_sizes(family, spec, family.check_dims(spec, config))),
+        inputs_json=json.dumps(inputs),
         output_json=json.dumps(output), rtol=correctness.RTOL[spec.dtype], atol=correctness.ATOL_FLOOR[spec.dtype],
         random_tensor_src=inspect.getsource(random_tensor), judge_src=inspect.getsource(correctness.judge),
     )

@@ -20,7 +20,8 @@ estimate.  The model, in the order it is applied:
   * register spills multiply the time; a config that cannot launch is infeasible.
 Knobs read from the config (missing ones take Triton's defaults): BLOCK_M, BLOCK_N, BLOCK_K,
 GROUP_M, SPLIT_K, BLOCK (elementwise), ROWS_PER_PROG and BLOCK_N (row ops), num_warps,
-num_stages, PERSISTENT.  A family may sharpen the estimate with optional methods
+num_stages, PERSISTENT.  A conv is modelled as the implicit GEMM its family's `gemm_dims`
+gives.  A family may sharpen the estimate with optional methods
 `programs(spec, config) -> int` and `traffic(spec, config) -> float` (bytes actually moved).
 """
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _knob(config: dict, names: tuple[str, ...], default):
 
 
 def _is_matmul(spec: KernelSpec) -> bool:
-    return spec.family == "matmul"
+    """A tiled GEMM: matmul, and conv (an implicit GEMM; its family gives the GEMM's dims)."""
+    return spec.family in ("matmul", "conv")
 
 
 def _numel(spec: KernelSpec, arg) -> int:
@@ -98,7 +100,8 @@ class _Shape:
             self.programs = int(hook(spec, config))
 
     def _matmul(self):
-        d, c = self.spec.dims, self.config
+        gemm = getattr(self.family, "gemm_dims", None)
+        d, c = (gemm(self.spec) if callable(gemm) else self.spec.dims), self.config
         self.M, self.N, self.K = d["M"], d["N"], d["K"]
         self.B = max(1, self.out_numel // (self.M * self.N))   # batch, whatever the op calls it
         self.bm = int(_knob(c, ("BLOCK_M",), 64))

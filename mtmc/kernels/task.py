@@ -18,7 +18,10 @@ from mtmc.tools import correctness, timing, worker
 
 
 def _arg(a: TensorArg, spec: KernelSpec) -> dict:
-    return {"name": a.name, "shape": list(a.shape), "dtype": a.dtype or spec.dtype, "init": a.init}
+    out = {"name": a.name, "shape": list(a.shape), "dtype": a.dtype or spec.dtype, "init": a.init}
+    if getattr(a, "groups", 1) != 1:   # a grouped conv's weight: "C_in/G" is C_in over the groups
+        out["groups"] = a.groups
+    return out
 
 
 def task_of(spec: KernelSpec) -> dict:

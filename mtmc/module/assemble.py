@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import family_of
+from mtmc.module.conv_fusion import out_shape_source
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module.fusion import Group
 from mtmc.module.fxjson import rebuild_graph
@@ -166,6 +167,8 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         body += [f"shape = (*v0.shape[:-1], {n})"]
         lead = "k0.shape[0]" if kind == "matmul" else "k0.shape[0], k0.shape[1]"
         body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
+    elif kind == "conv":
+        body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late

@@ -8,12 +8,14 @@ graph value or a parameter, and the reshape-only view that turns it into the ker
 Groups, found in graph order:
   * matmul / linear / bmm, with the pointwise epilogue that follows (bias, activation, scale,
     residual);
+  * convolutions (nn.Conv*d, nn.ConvTranspose*d, F.conv*), with their bias and the pointwise
+    tail that follows, per-channel operands read as vectors (module.conv_fusion);
   * reductions, softmax and norms (LayerNorm, RMSNorm, a hand-written RMSNorm) with the
     pointwise prologue that feeds them and, for softmax and norms, the epilogue after them;
   * chains of the remaining pointwise ops.
 A node joins a group only when all its users are in the group (the kernel returns one value),
-so the fused group computes exactly what the nodes did.  Everything else (convolutions,
-concatenations, views, ops outside the catalog) stays a PyTorch call; `torch_ops` says which and
+so the fused group computes exactly what the nodes did.  Everything else (concatenations,
+views, ops outside the catalog) stays a PyTorch call; `torch_ops` says which and
 why.  Broadcast operands (a [C, 1, 1] bias on NCHW, an [S, S] mask over heads) are read in place
 as periodic operands by elementwise and row-wise kernels; where one cannot be (a matmul
 epilogue, kept dims split by broadcast ones) it is expanded to full size
@@ -27,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from mtmc.module import conv_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -62,7 +65,7 @@ class Group:
             "vector" ([-1]), "batched" ([-1, M, K]), "as_is", "like" (expanded to the shape
             of "of": "main" or "out", then viewed like it).
     out:    how the output is made and viewed back: {"kind": "same" | "reduced" | "matmul" |
-            "bmm", ...}.
+            "bmm" | "conv", ...}.
     guards: scalar args the kernel was specialized for: {"arg": i, "value": v}.
     """
     id: int
@@ -119,7 +122,7 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g)
+        classify = Classifier(self.g, plugins=(conv_fusion,))
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -237,11 +240,14 @@ class Partitioner:
         return steps
 
     def _extend(self, start: str, b: _Builder, full_shape: list[int], operand_view: dict,
-                vector_ok: bool) -> tuple[list[dict], str]:
-        """Pointwise steps after `start` while each value has one user that continues the chain."""
+                vector_ok: bool, first=None) -> tuple[list[dict], str]:
+        """Pointwise steps after `start` while each value has one user that continues the chain;
+        `first(node, running)`, when given, is asked before the usual steps (a family's own)."""
         chain, last = [], start
         while (user := self._single_user(last)) is not None:
-            steps = self._step(user, last, b, full_shape, operand_view, vector_ok)
+            steps = first(user, last) if first else None
+            if steps is None:
+                steps = self._step(user, last, b, full_shape, operand_view, vector_ok)
             if steps is None:
                 break
             chain += steps
@@ -276,7 +282,7 @@ class Partitioner:
         it as its main input: each of them recomputes it rather than reading it back from memory."""
         operands = [r for r in s.inputs[1:] if isinstance(r, NodeRef) and self.g.tensor(r) is not None]
         users = self.g.users[name]
-        ok = not operands and all(isinstance(self.sem.get(u), Anchor) and self.sem[u].family != "matmul"
+        ok = not operands and all(isinstance(self.sem.get(u), Anchor) and self.sem[u].family not in ("matmul", "conv")
                                   and self.sem[u].x == NodeRef(name) for u in users)
         if ok:
             self.shared.add(name)
@@ -371,17 +377,10 @@ class Partitioner:
             self.why[name] = "inner dims do not match"
             return
         batched = a.op == "bmm"
-        b = _Builder(self.g, a.x, dtype)
-        b.inputs += [{"arg": 0, "view": "batched" if batched else "rows"},
-                     {"arg": b.arg(a.b), "view": "batched" if batched else "as_is"}]
-        b.nodes += [name, *a.covers]
-        epilogue = []
-        if a.bias is not None:
-            if self._ref_tensor(a.bias) != ([n_dim], dtype):
-                self.why[name] = f"the bias is not a [{n_dim}] {dtype} vector"
-                return
-            epilogue.append({"op": "bias"})
-            b.inputs.append({"arg": b.arg(a.bias), "view": "vector"})
+        built = self._weighted(name, a, dtype, "batched" if batched else "rows", "batched" if batched else "as_is", n_dim)
+        if built is None:
+            return
+        b, epilogue = built
         more, last = self._extend(name, b, [*sa[:-1], n_dim], {"view": "like", "of": "out"}, vector_ok=True)
         epilogue += more
         if batched:
@@ -391,6 +390,25 @@ class Partitioner:
         params = {"b_layout": "nk" if a.b_nk else "kn", **({"epilogue": epilogue} if epilogue else {})}
         self._finish("matmul", a.op, dims, params, b, {"kind": "bmm" if batched else "matmul", "b_nk": a.b_nk},
                      [last])
+
+    def _conv_group(self, name: str, a: Anchor) -> None:
+        conv_fusion.build(self, name, a)   # the conv, its bias and its pointwise tail
+
+    def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
+                  n: int) -> tuple[_Builder, list[dict]] | None:
+        """The builder of a group around a weighted anchor (matmul, conv): its input and weight in
+        these views, and its bias, an [n] vector, as the epilogue's first step; None (the reason
+        noted) when the bias is not one."""
+        b = _Builder(self.g, a.x, dtype)
+        b.inputs += [{"arg": 0, "view": x_view}, {"arg": b.arg(a.b), "view": w_view}]
+        b.nodes += [name, *a.covers]
+        if a.bias is None:
+            return b, []
+        if self._ref_tensor(a.bias) != ([n], dtype):
+            self.why[name] = f"the bias is not a [{n}] {dtype} vector"
+            return None
+        b.inputs.append({"arg": b.arg(a.bias), "view": "vector"})
+        return b, [{"op": "bias"}]
 
     def _chain_group(self, name: str, s: Pointwise) -> None:
         out = self.g.tensor(name)
@@ -421,7 +439,8 @@ class Partitioner:
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                self._try_group(self._matmul_group if a.family == "matmul" else self._rows_group, name, a)
+                build = {"matmul": self._matmul_group, "conv": self._conv_group}.get(a.family, self._rows_group)
+                self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)
             if isinstance(s, Pointwise) and name not in self.taken:

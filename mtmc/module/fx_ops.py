@@ -2,7 +2,8 @@
 
 Reads one graph of module.capture's result (plain JSON) and classifies its nodes: *pointwise*
 (a unary step of the pointwise vocabulary, or a binary op of two values), *anchors* a kernel is
-built around (matmul / linear / bmm, reductions, softmax, layer and RMS norms), or neither.
+built around (matmul / linear / bmm, reductions, softmax, layer and RMS norms; plugins add more:
+convolutions, module.conv_fusion), or neither.
 Near misses (a softmax over a middle dim, dropout in training mode, an in-place op on a shared
 tensor) raise Reject with the reason, which the report repeats.  Function targets are matched
 by torch.fx's qualified names of the real torch functions, so torch versions agree.
@@ -210,8 +211,13 @@ class Reject(Exception):
 
 
 class Classifier:
-    def __init__(self, g: Graph):
+    """plugins: modules classifying more anchors (module.conv_fusion), each with
+    classify_call(classifier, name, fn, args, kwargs) and classify_module(classifier, name,
+    target, info, x), returning an Anchor or None (a Reject says why not)."""
+
+    def __init__(self, g: Graph, plugins: tuple = ()):
         self.g = g
+        self.plugins = plugins
 
     def __call__(self, name: str):
         """Pointwise, Anchor, or None; raises Reject with a reason for near misses."""
@@ -261,7 +267,8 @@ class Classifier:
         if RMSNORM and fn == RMSNORM:
             return self._norm(name, "rmsnorm", args[0], _arg(args, kwargs, 1, "normalized_shape"),
                               _arg(args, kwargs, 2, "weight"), None, _arg(args, kwargs, 3, "eps"))
-        return None
+        return next((a for p in self.plugins if (a := p.classify_call(self, name, fn, args, kwargs)) is not None),
+                    None)
 
     # -- pointwise --
     def _check_inplace(self, x) -> None:
@@ -349,7 +356,8 @@ class Classifier:
             if op == "identity":
                 return Pointwise([x])
             return Pointwise([x], [{"op": op}])
-        return None
+        return next((a for p in self.plugins if (a := p.classify_module(self, name, target, info, x)) is not None),
+                    None)
 
     # -- anchors --
     def _float_tensor(self, ref, what: str) -> tuple[list[int], str]:

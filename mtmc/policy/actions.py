@@ -15,7 +15,7 @@ KNOB_KIND = {
     "BLOCK_M": "tile", "BLOCK_N": "tile", "BLOCK_K": "tile", "BLOCK": "tile",
     "num_warps": "warps", "num_stages": "pipeline", "GROUP_M": "swizzle",
     "SPLIT_K": "split_k", "PERSISTENT": "persistent", "ROWS_PER_PROG": "rows_per_program",
-    "PRECISION": "precision",
+    "ALGO": "algorithm", "LAYOUT": "layout", "PRECISION": "precision",
 }
 
 WHY_KIND = {
@@ -26,6 +26,10 @@ WHY_KIND = {
     "split_k": "splitting K adds parallelism when M x N gives too few tiles for the SMs",
     "persistent": "a persistent grid removes launch and tail cost of many small programs",
     "rows_per_program": "several rows per program amortize per-program overhead for short rows",
+    "algorithm": "how a conv walks its reduction: taps then channel blocks, flattened (channel, tap) "
+                 "blocks for few channels, or a direct multiply-add per channel for depthwise convs",
+    "layout": "channels-last input and weights make the reduction dim contiguous (vector loads) "
+              "at the cost of a copy",
     "precision": "three TF32 tensor-core products per fp32 product keep fp32 accuracy at several times "
                  "the throughput of IEEE FMAs",
     "stop": "no legal change is predicted to help",

@@ -26,6 +26,7 @@ from mtmc.kernels import pointwise
 from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
+from mtmc.request.conv_words import build_conv, read_conv
 from mtmc.request.formulas import _read_formulas
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
@@ -72,6 +73,7 @@ def parse_request(text: str) -> ParseResult:
 def _parse(ctx: _Ctx) -> KernelSpec:
     _read_context(ctx)
     _read_dtype(ctx)
+    read_conv(ctx)   # a convolution's own words (kernel, stride ...)
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -80,7 +82,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    spec = _BUILDERS[family](ctx, op)
+    spec = (build_conv if family == "conv" else _BUILDERS[family])(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
@@ -93,7 +95,8 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
                  "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
                  "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
-                 "epilogue. For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
+                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue. "
+                 "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
 
 
 def _describe_understood(understood: dict) -> str:
@@ -126,7 +129,8 @@ def _success_message(spec: KernelSpec, assumptions: list[str]) -> str:
     for key in ("prologue", "chain", "epilogue"):
         if spec.params.get(key):
             details.append(f"{key} {pointwise.describe_chain(spec.params[key])}")
-    details += [f"{k} {spec.params[k]}" for k in ("scale", "eps", "b_layout", "affine", "bias", "shape")
+    details += [f"{k} {spec.params[k]}" for k in ("scale", "eps", "b_layout", "affine", "bias", "shape", "kernel",
+                                                  "stride", "padding", "dilation", "groups", "output_padding")
                 if k in spec.params]
     text = "; ".join([f"{spec.op} ({spec.family}), {dims}, {spec.dtype}", *details]) + "."
     if assumptions:
@@ -147,6 +151,9 @@ EXAMPLES = {
                "matmul 4096x4096 by 4096x1024 fp16 with a bias and gelu",
                "linear layer with 4096 inputs and 11008 outputs on a batch of 8192 tokens",
                "x @ W^T + b with x 8192x4096 and W 11008x4096 in fp16"],
+    "conv": ["conv2d 3x3 stride 2 padding 1 on 16x64x56x56 float16 with 128 output channels",
+             "depthwise conv 5x5 padding 2 on a 8x96x112x112 bf16 input, then relu",
+             "transposed conv1d kernel 4 stride 2 padding 1 on 8x32x1024 with 16 output channels and a bias"],
 }
 
 
@@ -163,6 +170,9 @@ def supported_summary() -> str:
              "after.",
              "- matmul (M, N, K), batched matmul / bmm (B, M, N, K) and linear layers (x @ W^T), with "
              "pointwise ops fused after (bias, relu, scale, residual ...).",
+             "- convolutions: " + ", ".join(FAMILY_OPS["conv"]) + " on an N x C x [D x] [H x] W input, with kernel, "
+             "stride, padding (a number, per dim, 'same'), dilation, groups (depthwise), output padding, output "
+             "channels, and pointwise ops fused after (bias, relu, scale ...).",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
              "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
              "Row ops work along the last dim only (over each row).",

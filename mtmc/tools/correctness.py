@@ -38,9 +38,15 @@ class CheckResult:
         return asdict(self)
 
 
-def concrete_shape(shape, dims: dict) -> tuple[int, ...]:
-    """A tensor's shape at `dims`: dim names replaced by their sizes."""
-    return tuple(d if isinstance(d, int) else int(dims[d]) for d in shape)
+def concrete_shape(shape, dims: dict, groups: int = 1) -> tuple[int, ...]:
+    """A tensor's shape at `dims`: dim names replaced by their sizes; "NAME/G" is NAME's size over
+    the groups (a grouped conv's weight)."""
+    def one(d):
+        if isinstance(d, int):
+            return d
+        name, _, per = d.partition("/")
+        return int(dims[name]) // (groups if per else 1)
+    return tuple(one(d) for d in shape)
 
 
 def reference_namespace(task: dict) -> dict:
@@ -55,14 +61,14 @@ def make_inputs(task: dict, dims: dict | None = None, device="cpu", seed: int | 
     import torch
     dims = dims or task["dims"]
     gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
-    return [random_tensor(concrete_shape(a["shape"], dims), a["dtype"], a["init"], gen, device) for a in task["inputs"]]
+    return [random_tensor(concrete_shape(a["shape"], dims, a.get("groups", 1)), a["dtype"], a["init"], gen, device) for a in task["inputs"]]
 
 
 def poisoned_output(task: dict, dims: dict, device):
     import torch
     out_arg = task["output"]
     dtype = torch_dtype(out_arg["dtype"])
-    shape = concrete_shape(out_arg["shape"], dims)
+    shape = concrete_shape(out_arg["shape"], dims, out_arg.get("groups", 1))
     if dtype.is_floating_point:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)

@@ -351,7 +351,7 @@ def compile_resources(source: str, task: dict, dims: dict | None, profile: Hardw
         raise AttributeError("the kernel source defines no launch(*inputs, out)")
     # Values are never read (nothing runs): uninitialized tensors cost no time at any size.
     def placeholder(arg):
-        return torch.empty(concrete_shape(arg["shape"], dims), dtype=torch_dtype(arg["dtype"]))
+        return torch.empty(concrete_shape(arg["shape"], dims, arg.get("groups", 1)), dtype=torch_dtype(arg["dtype"]))
     inputs, out = [placeholder(a) for a in task["inputs"]], placeholder(task["output"])
     with intercept_launches(profile) as icpt:
         module.launch(*inputs, out=out)

@@ -1,0 +1,198 @@
+"""Convolution requests in words -> the conv family's spec (a phase and a builder of kernels.parse).
+
+"conv2d 3x3 stride 2 padding 1 on 16x64x56x56 float16 with 128 output channels",
+"depthwise conv 5x5 on a 8x96x112x112 bf16 input", "a 3x3 conv with 64 in and 128 out channels,
+stride 2, on a 32x64x56x56 bf16 input, then relu", "transposed conv1d kernel 4 stride 2 padding 1
+on 8x32x1024 with 16 output channels".
+
+`read_conv` runs right after the dtype phase: when the request names a convolution it takes the
+conv's own words (the op word, 1d/2d/3d, transposed, depthwise, pointwise, kernel, stride,
+padding, output padding, dilation, groups, channel counts) and adds the conv core item; the
+input's shape and the pointwise steps after the conv are read by the usual phases.  `build_conv`
+turns it all into the spec: the input is the one shape with N, C and the spatial sizes (its
+length gives 1d/2d/3d when the words do not), the steps after the conv are its epilogue ("with
+bias" is the conv's bias).  Stated defaults: kernel 3 (1 for pointwise), stride 1, padding 0,
+dilation 1, as many output channels as input channels.
+"""
+from __future__ import annotations
+
+import re
+
+from mtmc.kernels.families.conv import FAMILY, SPATIAL, conv_spec
+from mtmc.request.build import _dtype, _ordered, _steps, _use, _values, _x
+from mtmc.request.reading import _Ctx, _Fail, _Item, _rx
+
+_CONV = r"\b(?:conv(?:olution(?:al)?)?s?|deconv(?:olution)?s?)(?:[\s_-]*(?:[123][\s_-]?d))?\b|\bconv_?transpose[123]d\b"
+# sizes: 3, 3x3, (3, 5), [1, 2]; a plain number may not run into a name or a decimal
+_SIZES = (r"\d+(?:\s*[x*]\s*\d+)*(?![\w.])|\(\s*\d+(?:\s*,\s*\d+)*\s*,?\s*\)"
+          r"|\[\s*\d+(?:\s*,\s*\d+)*\s*\]")
+_N = r"\d+(?![\w.])"
+_KIND = r"(?:depth[\s_-]*wise|point[\s_-]*wise|grouped|transposed?|dilated|strided|[123][\s_-]?d)"
+_EQ = r"\s*(?:=|:|of|is)?\s*"
+_WORDS = {  # key: patterns whose group v holds the value(s); taken in this order
+    "output_padding": [rf"\boutput[\s_-]*padding{_EQ}(?P<v>{_SIZES})"],
+    "padding": [rf"\b(?:zero[\s_-]*)?pad(?:ding|ded)?(?:\s+by)?{_EQ}(?P<v>same|valid|{_SIZES})",
+                r"\b(?P<v>same|valid)[\s_-]+padding\b"],
+    "kernel": [rf"\bkernel(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})",
+               rf"\b(?P<v>\d+(?:\s*[x*]\s*\d+)+)[\s-]+(?:kernel|filter|window)s?\b", rf"\b(?P<v>{_N})[\s-]+kernel\b",
+               rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:{_KIND}[\s_-]+)*(?:conv|deconv))",
+               # right after the conv word: "conv2d 3x3 stride 2" (the conv word itself stays)
+               rf"(?:\bconv|\bdeconv)\w*\s+(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}}){{0,2}})(?![\w.]|\s*x)"],
+    "stride": [rf"\bstrides?(?:\s+by)?{_EQ}(?P<v>{_SIZES})", rf"\bstrided\s+by\s+(?P<v>{_SIZES})"],
+    "dilation": [rf"\bdilat(?:ion|ed)(?:\s+by)?{_EQ}(?P<v>{_SIZES})"],
+    "groups": [rf"\bgroups?{_EQ}(?P<v>{_N})", rf"\b(?P<v>{_N})\s+groups\b"],
+}
+_CHANNELS = [  # (pattern, which channel counts its groups give)
+    (rf"\b(?P<a>{_N})\s+in(?:put)?\s+and\s+(?P<b>{_N})\s+out(?:put)?\s+channels\b", ("in", "out")),
+    (rf"\bfrom\s+(?P<a>{_N})\s+to\s+(?P<b>{_N})\s+channels\b|\b(?P<a2>{_N})\s*->\s*(?P<b2>{_N})\s+channels\b",
+     ("in", "out")),
+    (rf"\b(?:in(?:put)?[\s_-]*channels|c[\s_-]*in){_EQ}(?P<a>{_N})|\b(?P<a2>{_N})\s+in(?:put)?[\s_-]*channels\b",
+     ("in",)),
+    (rf"\b(?:out(?:put)?[\s_-]*channels|c[\s_-]*out|filters){_EQ}(?P<a>{_N})"
+     rf"|\b(?P<a2>{_N})\s+(?:out(?:put)?[\s_-]*channels|filters|feature[\s_-]*maps)\b"
+     rf"|\bto\s+(?P<a3>{_N})\s+channels\b", ("out",)),
+]
+
+
+def _take_group(ctx: _Ctx, pattern: str) -> list[re.Match]:
+    """Like ctx.take, but only group v of each match becomes used (the words around it stay)."""
+    found = list(_rx(pattern).finditer(ctx.s))
+    for m in found:
+        a, b = m.span("v")
+        ctx.s = ctx.s[:a] + " " * (b - a) + ctx.s[b:]
+    return found
+
+
+def _ints(ctx: _Ctx, text: str) -> list[int] | str:
+    text = text.strip()
+    if text in ("same", "valid"):
+        return text
+    return [ctx.to_int(t) if t.strip() != "0" else 0 for t in re.split(r"[^\dk]+", text) if t.strip()]
+
+
+def read_conv(ctx: _Ctx) -> None:
+    """Take a conv request's own words (nothing when it names no convolution)."""
+    if not _rx(_CONV).search(ctx.s):
+        return
+    conv: dict = {"rank": None, "transposed": False, "depthwise": False, "pointwise": False}
+    ctx.conv = conv
+    for key, patterns in _WORDS.items():
+        for pattern in patterns:
+            after_conv = pattern.startswith("(?:\\bconv|")   # keep the conv word itself
+            for m in (_take_group(ctx, pattern) if after_conv else ctx.take(pattern)):
+                if key in conv:
+                    raise _Fail(f"I found the conv's {key.replace('_', ' ')} twice; give it once.")
+                value = _ints(ctx, m.group("v"))
+                conv[key] = value[0] if key == "groups" else value
+                ctx.note("conv", m.group(0).strip())
+    for pattern, keys in _CHANNELS:
+        for m in ctx.take(pattern):
+            values = [v for v in m.groups() if v is not None]
+            for key, v in zip(keys, values):
+                if conv.get(key) not in (None, ctx.to_int(v)):
+                    raise _Fail(f"I found two different {key}put channel counts: {conv[key]} and {v}.")
+                conv[key] = ctx.to_int(v)
+            ctx.note("conv", m.group(0).strip())
+    for m in ctx.take(r"\b(?:transpos\w*|de[\s_-]?conv\w*|up[\s_-]?conv\w*|fractionally[\s_-]+strided)"):
+        conv["transposed"] = True
+        ctx.note("conv", m.group(0).strip())
+    for m in ctx.take(r"\bdepth[\s_-]*wise\b"):
+        conv["depthwise"] = True
+        ctx.note("conv", m.group(0).strip())
+    for m in ctx.take(r"\bpoint[\s_-]*wise(?=[\s_-]+conv)"):
+        conv["pointwise"] = True
+        ctx.note("conv", m.group(0).strip())
+    for m in ctx.take(r"\b([123])[\s_-]?d\b"):
+        if conv["rank"] not in (None, int(m.group(1))):
+            raise _Fail("the request names two different conv dimensions (1d/2d/3d).")
+        conv["rank"] = int(m.group(1))
+    found = ctx.take(_CONV)
+    for m in found:
+        digits = re.findall(r"[123](?=[\s_-]?d)", m.group(0))
+        if digits:
+            if conv["rank"] not in (None, int(digits[0])):
+                raise _Fail("the request names two different conv dimensions (1d/2d/3d).")
+            conv["rank"] = int(digits[0])
+        if "transpose" in m.group(0) or m.group(0).startswith("deconv"):
+            conv["transposed"] = True
+    ctx.items.append(_Item(found[0].start(), found[0].end(), found[0].group(0).strip(), family="conv", op="conv"))
+    ctx.note("ops", f"{found[0].group(0).strip()!r} -> conv")
+
+
+def _per_dim(value, r: int, what: str, default):
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value
+    if len(value) == 1:
+        return value * r
+    if len(value) != r:
+        raise _Fail(f"the {what} {_x(value)} has {len(value)} sizes; a {r}d conv takes 1 or {r}.")
+    return value
+
+
+def build_conv(ctx: _Ctx, op: str) -> object:
+    conv = getattr(ctx, "conv", {})
+    _values(ctx, "conv")
+    shapes = sorted(ctx.shapes, key=len, reverse=True)
+    r = conv.get("rank")
+    if not shapes:
+        raise _Fail("a convolution needs its input's shape: give it as N x C x H x W (e.g. 16x64x56x56; "
+                    "N x C x L for conv1d, N x C x D x H x W for conv3d).")
+    x = shapes[0]
+    if "batch" in ctx.sizes and r is not None and len(x) == r + 1:
+        x = [ctx.sizes["batch"], *x]
+        _use(ctx, "batch")
+    if r is None:
+        r = len(x) - 2
+    if r not in SPATIAL or len(x) != r + 2:
+        raise _Fail(f"the conv's input {_x(x)} is not N x C x {' x '.join(SPATIAL.get(r, ('H', 'W')))}: give the "
+                    "batch, the channels and the spatial sizes (e.g. 16x64x56x56 for a 2d conv).")
+    if len(shapes) > 1:
+        raise _Fail(f"I found several shapes ({', '.join(map(_x, ctx.shapes))}); a conv takes one input shape "
+                    "(give the kernel as 'kernel 3x3' or '3x3 conv').")
+    c_in = x[1]
+    if conv.get("in") not in (None, c_in):
+        raise _Fail(f"the input {_x(x)} has {c_in} channels, but the request says {conv['in']} input channels.")
+    if conv["depthwise"]:
+        if conv.get("groups") not in (None, c_in):
+            raise _Fail(f"a depthwise conv has one group per channel ({c_in}), not {conv['groups']}.")
+        conv["groups"] = c_in
+    c_out = conv.get("out")
+    if c_out is None:
+        c_out = c_in
+        ctx.assume(f"no output channel count given: {c_out}, as many as the input has")
+    kernel = _per_dim(conv.get("kernel"), r, "kernel", None)
+    if kernel is None:
+        kernel = [1] * r if conv["pointwise"] else [3] * r
+        if not conv["pointwise"]:
+            ctx.assume(f"no kernel size given: {'x'.join(map(str, kernel))}")
+    order = _ordered(ctx)
+    core_at = next(i for i, it in enumerate(order) if it.is_core)
+    before = [it.words for it in order[:core_at] if not it.is_core]
+    if before:
+        raise _Fail(f"'{before[0]}' comes before the conv; its kernel fuses ops after it (its epilogue) only.")
+    epilogue = _steps([it for it in order[core_at + 1:] if not it.is_core])
+    op = ("conv_transpose" if conv["transposed"] else "conv") + f"{r}d"
+    params = {"stride": _per_dim(conv.get("stride"), r, "stride", 1),
+              "padding": _per_dim(conv.get("padding"), r, "padding", 0),
+              "dilation": _per_dim(conv.get("dilation"), r, "dilation", 1)}
+    if params["padding"] == "valid":
+        params["padding"] = 0
+    if params["padding"] == "same":
+        strides = params["stride"] if isinstance(params["stride"], list) else [params["stride"]]
+        if conv["transposed"] or any(s != 1 for s in strides):
+            raise _Fail("'same' padding is for plain convs with stride 1.")
+        dil = params["dilation"] if isinstance(params["dilation"], list) else [params["dilation"]] * r
+        params["padding"] = [[d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2] for k, d in zip(kernel, dil)]
+    if conv["transposed"]:
+        params["output_padding"] = _per_dim(conv.get("output_padding"), r, "output padding", 0)
+    elif conv.get("output_padding") is not None:
+        raise _Fail("output padding is for transposed convs only.")
+    try:
+        spec = conv_spec(op, x, c_out, kernel, groups=conv.get("groups", 1), epilogue=epilogue, dtype=_dtype(ctx),
+                         **params)
+        FAMILY.validate(spec)
+    except ValueError as e:
+        raise _Fail(f"that convolution is not valid: {e}") from None
+    return spec
