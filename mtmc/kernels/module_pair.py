@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from mtmc.kernels.catalog import family_of
+from mtmc.kernels.codegen import named_sizes
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.guard import (
     DEFAULT_TIMEOUT_S, ReferenceFailed, check_candidate, invalid_reference, run_reference, verify,
@@ -53,11 +54,13 @@ import torch.nn as _nn
 
 _IN_SHAPES = {in_shapes!r}  # dim names (or sizes) of each input
 _OUT_SHAPE, _OUT_DTYPE = {out_shape!r}, {out_dtype!r}
+_KNOWN = {known!r}   # sizes only the output names (a conv's OH, OW), at the checked dims
 
 
 class ModelNew(_nn.Module):
     def forward(self, *inputs):
-        dims = {{n: s for names, x in zip(_IN_SHAPES, inputs) for n, s in zip(names, x.shape) if isinstance(n, str)}}
+        dims = {{**_KNOWN, **{{n: s for names, x in zip(_IN_SHAPES, inputs) for n, s in zip(names, x.shape)
+                                 if isinstance(n, str)}}}}
         out = torch.empty([d if isinstance(d, int) else dims[d] for d in _OUT_SHAPE],
                           dtype=getattr(torch, _OUT_DTYPE), device=inputs[0].device)
         launch(*inputs, out=out)
@@ -72,11 +75,12 @@ def reference_source(spec: KernelSpec, dims: dict | None = None) -> str:
     return "import json\n" + _REFERENCE.format(reference=fam.reference_source(spec).strip(), inputs=json.dumps(inputs))
 
 
-def candidate_source(spec: KernelSpec, kernel_source: str) -> str:
+def candidate_source(spec: KernelSpec, kernel_source: str, dims: dict | None = None) -> str:
     fam = family_of(spec)
     out = fam.output(spec)
+    known = named_sizes(fam, spec, dims or spec.dims)
     return _CANDIDATE.format(kernel=kernel_source.strip(), in_shapes=[list(a.shape) for a in fam.inputs(spec)],
-                             out_shape=list(out.shape), out_dtype=out.dtype or spec.dtype)
+                             out_shape=list(out.shape), out_dtype=out.dtype or spec.dtype, known=known)
 
 
 def verify_kernel(spec: KernelSpec, kernel_source: str, dims: dict | None = None, device: str | None = None,
@@ -85,7 +89,7 @@ def verify_kernel(spec: KernelSpec, kernel_source: str, dims: dict | None = None
     with tempfile.TemporaryDirectory(prefix="mtmc-guard-kernel-") as tmp:
         ref, cand = Path(tmp) / "reference.py", Path(tmp) / "candidate.py"
         ref.write_text(reference_source(spec, dims))
-        cand.write_text(candidate_source(spec, kernel_source))
+        cand.write_text(candidate_source(spec, kernel_source, dims))
         return verify(ref, cand, device=device, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
 
 
@@ -94,7 +98,7 @@ class PairChecker:
     against it gets a fresh candidate session and fresh inputs, as `mtmc verify` gives them."""
 
     def __init__(self, spec: KernelSpec, dims: dict, device: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.spec, self.timeout_s = spec, timeout_s
+        self.spec, self.dims, self.timeout_s = spec, dims, timeout_s
         self.dir = Path(tempfile.mkdtemp(prefix="mtmc-guard-kernel-"))
         self.dir.chmod(0o755)     # our template's code and its reference: the sandbox user reads them
         self.reference = self.dir / "reference.py"
@@ -112,7 +116,7 @@ class PairChecker:
 
     def check(self, kernel_source: str) -> dict:
         cand = self.dir / f"candidate_{next(self._n)}.py"
-        cand.write_text(candidate_source(self.spec, kernel_source))
+        cand.write_text(candidate_source(self.spec, kernel_source, self.dims))
         try:
             if self.ref is None:
                 return invalid_reference(self.reference, cand, self.error)

@@ -24,7 +24,9 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_ch, height, width), torch.randn(batch_size, out_ch, 10, 10)]
+    # the stride-2 conv halves each side (rounding up), the transposed conv doubles it back
+    skip = (batch_size, out_ch, 2 * ((height + 1) // 2), 2 * ((width + 1) // 2))
+    return [torch.randn(batch_size, in_ch, height, width), torch.randn(*skip)]
 
 
 def get_init_inputs():
