@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mtmc.answers.followup import interpret
+from mtmc.ui.followup import interpret
 from mtmc.request.parse import parse_request
 from mtmc.tools.hardware import PROFILES
 from mtmc.ui.plots import kernel_point, roofline_svg, time_table
@@ -195,7 +195,7 @@ def test_the_time_plot_shows_one_step_rounded_labels_in_order_and_a_line_per_gro
 
 def test_suggested_questions_are_ones_the_run_can_answer():
     """Offline runs often stop at step 0: "why step 1?" would get "There is no step 1"."""
-    from mtmc.answers.explainer import explain
+    from mtmc.agents.explainer import explain
     from mtmc.ui.layout import INTRO
     rec = {"step": 0, "origin": "template", "action": {"kind": "init"}, "reason": "first draft", "alternatives": [],
            "config": {"BLOCK_N": 8}, "verdict": _verdict(), "time_ms": 0.01, "outcome": "accepted"}
@@ -411,7 +411,7 @@ def test_missing_parts_are_said_in_words_and_the_rest_keeps_working(monkeypatch)
     real = services._optional
 
     def without(module, attr):
-        if module in ("mtmc.agents.module_flow", "mtmc.answers.explainer"):
+        if module in ("mtmc.agents.module_flow", "mtmc.agents.explainer"):
             raise services.Unavailable(f"{module} cannot be imported")
         return real(module, attr)
 

@@ -1,14 +1,14 @@
-"""The import rules of docs/ARCHITECTURE.md, read from the code.
+"""The import rules of ../shared/DESIGN.md's Layout (and docs/ARCHITECTURE.md), read from the code.
 
-Packages import one way:  app, ui, commands -> agents -> {request, module, kernels, policy, memory,
-answers} -> tools;  tools imports nothing above it;  nothing imports ui or commands (but app.py and
-the command line's entry, mtmc/cli.py, which the benchmarks run);  paths, events and prompts (plain
-data and text) are imported by any layer and import nothing of the project;  no import cycle
-between modules or between packages.
+Packages import one way:  app, ui, commands -> agents -> {request, module, kernels, policy, memory}
+-> tools;  tools imports nothing above it;  nothing imports ui or commands (but app.py and the
+command line's entry, mtmc/cli.py, which the benchmarks run);  no import cycle between modules or
+between packages.
 
 Every import counts, the lazy ones inside functions included, and so does a string that names a
 module of the project (a module started as `python -m NAME` or imported by name is a dependency
-too).  bench/ sits on top, beside the app.
+too), and so does the package a module lives in: importing a.b.c runs a/__init__.py and
+a/b/__init__.py first.  bench/ sits on top, beside the app.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Layers, top first; packages of one layer may import each other, without cycles.
-LAYERS = [{"app", "bench", "ui", "commands", "cli"}, {"agents"},
-          {"request", "module", "kernels", "policy", "memory", "answers"}, {"tools"}, {"paths", "events", "prompts"}]
+LAYERS = [{"app", "bench", "ui", "commands", "cli"}, {"agents"}, {"request", "module", "kernels", "policy", "memory"},
+          {"tools"}]
 RANK = {pkg: len(LAYERS) - i for i, layer in enumerate(LAYERS) for pkg in layer}
 # Who may import the top layer: app.py the chat, the command line its commands, and the
 # benchmarks the command line (they run `mtmc optimize` as a user does).
@@ -55,6 +55,12 @@ def _target(name: str) -> str | None:
     return None
 
 
+def _packages_above(module: str) -> list[str]:
+    """The project packages a module lives in (not the project's root package, which holds no code)."""
+    parts = module.split(".")
+    return [".".join(parts[:cut]) for cut in range(2, len(parts)) if ".".join(parts[:cut]) in MODULES]
+
+
 def _absolute(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
@@ -75,6 +81,9 @@ def imports_of(module: str, source: str | None = None, is_pkg: bool | None = Non
         t = _target(name)
         if t and t != module:
             found.setdefault(t, line)
+            for parent in _packages_above(t):   # run before t, unless they hold `module` itself
+                if parent != module and not module.startswith(parent + "."):
+                    found.setdefault(parent, line)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
@@ -168,5 +177,8 @@ def test_the_reader_sees_lazy_relative_and_named_imports():
     source = ("import os\nfrom . import hardware\n\n\ndef f():\n    from mtmc.ui.chat import Chat\n"
               "    return ['python', '-m', 'mtmc.commands']\n")
     assert imports_of("mtmc.tools.sandbox", source, False) == {
-        "mtmc.tools.hardware": 2, "mtmc.ui.chat": 6, "mtmc.commands": 7}
+        "mtmc.tools.hardware": 2, "mtmc.ui.chat": 6, "mtmc.ui": 6, "mtmc.commands": 7}
+    # importing a guard module runs the guard package first: a re-export there is a dependency
+    assert imports_of("mtmc.tools.worker", "from mtmc.tools.guard import reference\n", False) == {
+        "mtmc.tools.guard.reference": 1, "mtmc.tools.guard": 1}
     assert package("mtmc.tools.guard.checks") == "tools" and package("app") == "app"

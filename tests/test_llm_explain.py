@@ -6,7 +6,7 @@ import pytest
 
 from mtmc import cli
 from mtmc.tools import llm as chat_model
-from mtmc.answers.explainer import FACTS_HEAD, explain, unsupported_numbers
+from mtmc.agents.explainer import FACTS_HEAD, explain, unsupported_numbers
 from mtmc.memory import Store
 from mtmc.memory.records import HistoryRecord
 from mtmc.request.parse import parse_request

@@ -17,7 +17,7 @@ import pytest
 
 from mtmc.agents.coder import warm_start
 from mtmc.agents.context import Context
-from mtmc.answers.explainer import explain
+from mtmc.agents.explainer import explain
 from mtmc.agents.runner import run_request
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec

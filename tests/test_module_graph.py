@@ -11,7 +11,7 @@ from pathlib import Path
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.agents import module_flow, module_steps
 from mtmc.agents.context import Context
 from mtmc.agents.state import State

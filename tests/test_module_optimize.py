@@ -27,7 +27,7 @@ from mtmc.module.assemble import assemble, prefix_names
 from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
 from mtmc.module.fxjson import Unreproducible, encode_node, rebuild_graph, resolve_target
-from mtmc.tools.guard import ReferenceFailed, run_reference
+from mtmc.tools.guard.verifier import ReferenceFailed, run_reference
 from mtmc.tools.hardware import resolve
 from mtmc.tools.loader import load_file
 

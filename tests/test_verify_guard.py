@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from mtmc.cli import main
-from mtmc.tools.guard import check_candidate, format_verdict, run_reference, verify
+from mtmc.tools.guard.report import format_verdict
+from mtmc.tools.guard.verifier import check_candidate, run_reference, verify
 from mtmc.tools.guard import checks as C
 from mtmc.tools.guard import numeric
 from mtmc.tools.guard.draw import VARIANTS, vary
@@ -320,7 +321,7 @@ def test_a_model_random_in_training_mode_is_compared_in_eval_mode():
 
 
 def test_verdict_in_the_module_checks_shape(verdict_of):
-    from mtmc.tools.guard import as_module_check
+    from mtmc.tools.guard.report import as_module_check
     bad = as_module_check(verdict_of("cheat_calls_torch"))
     assert bad["status"] == "failed" and bad["reason"].startswith("rejected: own_kernels:")
     assert as_module_check(verdict_of("honest_scale_relu"))["status"] == "passed"

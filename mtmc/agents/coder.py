@@ -5,7 +5,7 @@ import difflib
 
 from langgraph.runtime import Runtime
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.agents.context import Context
 from mtmc.agents.stream import emit
 from mtmc.agents.planner import history_used

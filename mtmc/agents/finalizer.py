@@ -5,16 +5,16 @@ from pathlib import Path
 
 from langgraph.runtime import Runtime
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.agents.context import Context
 from mtmc.agents.stream import emit
-from mtmc.events.text import timing_line
+from mtmc.agents.events.text import timing_line
 from mtmc.agents.state import State
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.codegen import standalone_source
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import HistoryRecord, Store, current_versions, new_id, now_iso
-from mtmc.paths import artifacts_dir
+from mtmc.tools.paths import artifacts_dir
 from mtmc.tools.hardware import resolve
 
 

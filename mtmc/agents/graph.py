@@ -20,7 +20,7 @@ from mtmc.agents.intake import parse, retrieve
 from mtmc.agents.planner import plan, route_after_plan
 from mtmc.agents.state import State
 from mtmc.agents.verifier import accept, rollback, route_after_rollback, route_after_verify, verify
-from mtmc.paths import home
+from mtmc.tools.paths import home
 
 
 def build_graph() -> StateGraph:

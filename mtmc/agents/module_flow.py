@@ -17,7 +17,7 @@ plan only, `mtmc optimize --plan-only`).
 - **assemble** ModelNew with every kernel; **check** it against Model with the guard (groups
   that break it fall back, ModelNew is written again); **time** it on a GPU; **report**.
 
-The state is plain data (the checkpointer keeps it); events are mtmc.events dataclasses sent on
+The state is plain data (the checkpointer keeps it); events are mtmc.agents.events dataclasses sent on
 the custom stream, a group's kernel events tagged with its id.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.agents import module_steps as steps
 from mtmc.agents.context import Context
 # the steps' names that callers and tests reach through the flow

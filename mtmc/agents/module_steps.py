@@ -21,7 +21,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module import worker as module_worker
@@ -29,7 +29,8 @@ from mtmc.module.assemble import assemble
 from mtmc.module.capture import PHASES, info_bytes, last_phase
 from mtmc.module.fusion import Group
 from mtmc.module.module_file import ModuleFileError, check_file
-from mtmc.tools.guard import ReferenceFailed, ReferenceRun, as_module_check, check_candidate, run_reference
+from mtmc.tools.guard.report import as_module_check
+from mtmc.tools.guard.verifier import ReferenceFailed, ReferenceRun, check_candidate, run_reference
 from mtmc.tools.isolation import Confinement, IsolationUnavailable
 from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
 from mtmc.tools.worker import run_job

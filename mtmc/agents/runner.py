@@ -24,7 +24,7 @@ def run_request(request: str, ctx: Context, thread_id: str | None = None, on_eve
 
 
 def stream_run(graph, inputs: dict, config: dict, ctx: Context, on_event=None) -> dict:
-    """Run a compiled graph, handing each custom-stream event (a dict of mtmc.events) to
+    """Run a compiled graph, handing each custom-stream event (a dict of mtmc.agents.events) to
     on_event as it comes; the final state."""
     final: dict = {}
     for mode, chunk in graph.stream(inputs, config=config, context=ctx, stream_mode=["custom", "values"]):

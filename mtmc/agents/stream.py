@@ -1,8 +1,8 @@
-"""Progress events out of a graph node: one of mtmc.events' dataclasses, written as its dict to
+"""Progress events out of a graph node: one of mtmc.agents.events' dataclasses, written as its dict to
 LangGraph's custom stream (what `run_request(on_event=...)` and the module graph pass on)."""
 from __future__ import annotations
 
-from mtmc.events import Event
+from mtmc.agents.events import Event
 
 
 def emit(event: Event) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.agents.context import Context
 from mtmc.agents.stream import emit
 from mtmc.agents.state import State

@@ -7,7 +7,7 @@ import sys
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request, summary_json
 from mtmc.commands import known_target
-from mtmc.events.text import printer
+from mtmc.agents.events.text import printer
 
 
 def cmd_generate(args) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
-from mtmc.answers.explainer import explain
+from mtmc.agents.explainer import explain
 from mtmc.tools.llm import LLMFailure, from_env
-from mtmc.events.text import decision_line, verdict_line
+from mtmc.agents.events.text import decision_line, verdict_line
 from mtmc.memory import MemoryUnavailable, Store
 from mtmc.tools.hardware import get_profile
 

@@ -8,7 +8,7 @@ import sys
 from mtmc.agents.context import Context
 from mtmc.agents.module_flow import optimize_module, plan_module
 from mtmc.commands import known_target
-from mtmc.events.text import printer
+from mtmc.agents.events.text import printer
 from mtmc.tools import isolation
 from mtmc.tools.machine import gib
 

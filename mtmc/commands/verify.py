@@ -8,8 +8,8 @@ import sys
 
 from mtmc.module.module_file import ModuleFileError, check_file
 from mtmc.tools import isolation
-from mtmc.tools.guard import format_verdict, verify
-from mtmc.tools.guard.verifier import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
+from mtmc.tools.guard.report import format_verdict
+from mtmc.tools.guard.verifier import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, verify
 
 
 def cmd_verify(args) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.codegen import named_sizes
 from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.guard import (
+from mtmc.tools.guard.verifier import (
     DEFAULT_TIMEOUT_S, ReferenceFailed, check_candidate, invalid_reference, run_reference, verify,
 )
 

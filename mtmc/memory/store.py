@@ -14,7 +14,7 @@ from mtmc.kernels.spec import DTYPE_ALIASES
 from mtmc.memory.index import HistoryIndex, MemoryUnavailable, shared_index
 from mtmc.memory.log import HistoryLog
 from mtmc.memory.records import HistoryRecord, describe_spec, shape_bucket, shape_distance
-from mtmc.paths import home
+from mtmc.tools.paths import home
 
 # similar() scores: shape distance (log2 units) + these penalties + the embedding's cosine
 # distance, so a dtype change weighs like a 2x shape gap and another op like 4x.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 TIMEOUT_S = 45.0          # per attempt
 MAX_RETRIES = 1           # the client's own retries (connection errors, 408/429/5xx)
@@ -20,6 +21,14 @@ _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 
 class LLMFailure(RuntimeError):
     """The model could not be used; str() says why in a few words ("connection refused")."""
+
+# The LLM roles' prompt texts live beside the package, in the repository's prompts/ (DESIGN.md).
+PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
+
+
+def prompt(name: str) -> str:
+    """The prompt text of one role (prompts/NAME.md)."""
+    return (PROMPTS / f"{name}.md").read_text().strip()
 
 
 def build(base_url: str, model: str, api_key: str = "", timeout_s: float = TIMEOUT_S):

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Iterator
 
 from mtmc.agents.context import Context
-from mtmc.answers.followup import FollowUp, interpret
+from mtmc.ui.followup import FollowUp, interpret
 from mtmc.agents.runner import run_request
-from mtmc.paths import artifacts_dir
+from mtmc.tools.paths import artifacts_dir
 from mtmc.tools.hardware import present_gpu, resolve
 from mtmc.ui import conversation, services
 from mtmc.ui.module_view import ModuleStream, fusion_answer, report_html, report_table, roofline_points

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from mtmc.paths import home
+from mtmc.tools.paths import home
 
 _THREAD = re.compile(r"^[0-9a-f]{32}$")     # uuid4().hex: the only ids the chat hands out
 _KEEP = ("file", "out", "status", "gpu", "groups", "torch_ops", "uncaptured", "check")

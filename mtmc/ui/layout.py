@@ -5,7 +5,7 @@ import uuid
 
 import gradio as gr
 
-from mtmc.paths import artifacts_dir
+from mtmc.tools.paths import artifacts_dir
 from mtmc.ui import history, services
 from mtmc.ui.chat import Chat
 from mtmc.ui.module_view import REPORT_PLACEHOLDER

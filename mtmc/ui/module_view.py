@@ -8,7 +8,7 @@ from html import escape
 
 import pandas as pd
 
-from mtmc import events as E
+from mtmc.agents import events as E
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.ui.plots import kernel_point, time_table
 from mtmc.ui.steps import StepStream, final_text
@@ -47,7 +47,7 @@ class ModuleStream:
         return out
 
     def feed(self, ev: E.Event | dict) -> None:
-        """One event of the module run (an mtmc.events dataclass, or the dict it travels as)."""
+        """One event of the module run (an mtmc.agents.events dataclass, or the dict it travels as)."""
         ev = E.from_dict(ev)
         gid = ev.group
         if isinstance(ev, E.GroupStart):

@@ -70,7 +70,7 @@ def history_state(record_id: str) -> dict:
 def explain(question: str, state: dict, llm=None) -> str:
     """The explainer's answer about a run (a graph state or a stored history's as_state())."""
     try:
-        explainer = _optional("mtmc.answers.explainer", "explain")
+        explainer = _optional("mtmc.agents.explainer", "explain")
     except Unavailable as exc:
         return f"The explainer is not available here ({exc})."
     try:
@@ -105,7 +105,7 @@ def availability() -> dict[str, str]:
         parts["Memory"] = f"available ({n} past optimizations)"
     except Exception as exc:
         parts["Memory"] = f"not available ({exc})"
-    for name, module, attr in (("Explainer", "mtmc.answers.explainer", "explain"),
+    for name, module, attr in (("Explainer", "mtmc.agents.explainer", "explain"),
                                ("Module optimization", "mtmc.agents.module_flow", "optimize_module")):
         try:
             _optional(module, attr)

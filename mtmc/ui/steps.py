@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from mtmc import events as E
-from mtmc.events.text import guard_line, resources_line, timing_line
+from mtmc.agents import events as E
+from mtmc.agents.events.text import guard_line, resources_line, timing_line
 from mtmc.policy.actions import Action
 from mtmc.ui.plots import time_table
 from mtmc.ui.text import plain
@@ -148,7 +148,7 @@ class StepStream:
         self.stopped = False                      # the planner stopped on its own
 
     def feed(self, ev: E.Event | dict) -> None:
-        """One event of the run (an mtmc.events dataclass, or the dict it travels as)."""
+        """One event of the run (an mtmc.agents.events dataclass, or the dict it travels as)."""
         ev = E.from_dict(ev)
         handler = getattr(self, f"_on_{ev.kind}", None)
         if handler:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mtmc.module.module_file import MAX_UPLOAD_BYTES, check_module_source
 from mtmc.module.module_file import ModuleFileError as UploadError
-from mtmc.paths import home
+from mtmc.tools.paths import home
 
 __all__ = ["MAX_UPLOAD_BYTES", "UploadError", "check_module"]
 

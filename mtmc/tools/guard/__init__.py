@@ -5,12 +5,7 @@ constructor.  The reference runs in one sandboxed child (guard.reference), the c
 another that never holds the reference's outputs (guard.candidate, instrumented by
 guard.probes); the parent judges (guard.checks, guard.numeric) and assembles the verdict
 (guard.verifier); guard.report puts it in words.
-"""
-from mtmc.tools.guard.report import as_module_check, format_verdict
-from mtmc.tools.guard.verifier import (
-    DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, ReferenceFailed, ReferenceRun, check_candidate, invalid_reference,
-    run_reference, verify,
-)
 
-__all__ = ["verify", "run_reference", "check_candidate", "ReferenceRun", "ReferenceFailed", "format_verdict",
-           "as_module_check", "invalid_reference", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB"]
+This file imports nothing: its submodules import it as their parent, so a re-export here would
+close a cycle (guard -> verifier -> worker -> guard.reference -> guard).
+"""

@@ -16,9 +16,8 @@ import re
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import MemoryUnavailable, Store
-from mtmc.prompts.explainer import SYSTEM
 from mtmc.tools.hardware import HardwareProfile, get_profile, resolve
-from mtmc.tools.llm import LLMFailure, ask, endpoint
+from mtmc.tools.llm import LLMFailure, ask, endpoint, prompt
 
 _STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
 _KNOB = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([\w.]+)")
@@ -36,7 +35,7 @@ def explain(question: str, state: dict, store: Store | None = None, llm=None) ->
     if llm is None or kind == "none":   # nothing recorded to phrase: the facts say so already
         return facts
     try:
-        prose = ask(llm, SYSTEM, f"Question: {question}\n\nFacts:\n{facts}")
+        prose = ask(llm, prompt("explainer"), f"Question: {question}\n\nFacts:\n{facts}")
     except LLMFailure as exc:
         return f"(The LLM at {endpoint(llm)} could not be used: {exc}. The answer below is built from the records only.)\n\n{facts}"
     unknown = unsupported_numbers(prose, facts + "\n" + question)

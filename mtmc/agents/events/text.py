@@ -3,7 +3,7 @@ one-line summaries of verdicts, decisions and timings that the chat's bubbles, t
 kernel's answer and the explainer reuse."""
 from __future__ import annotations
 
-from mtmc import events as E
+from mtmc.agents import events as E
 
 
 def resources_line(resources: dict | None) -> str:
