@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.correctness import concrete_shape
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,17 @@ class TensorArg:
     shape: dim names of spec.dims (or ints). dtype: None means the spec's dtype.
     init:  how fresh random inputs are drawn: "randn" (normal), "uniform" (U(-1, 1)),
            "positive" (U(0.5, 1.5), e.g. norm weights).
+    groups: a "NAME/G" entry of shape is NAME's size over this many groups (a grouped conv's weight).
     """
 
     name: str
     shape: tuple
     dtype: str | None = None
     init: str = "randn"
+    groups: int = 1
 
     def concrete_shape(self, dims: dict[str, int]) -> tuple[int, ...]:
-        return tuple(d if isinstance(d, int) else int(dims[d]) for d in self.shape)
+        return concrete_shape(self.shape, dims, self.groups)
 
 
 class Family:

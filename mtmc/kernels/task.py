@@ -19,7 +19,7 @@ from mtmc.tools import correctness, timing, worker
 
 def _arg(a: TensorArg, spec: KernelSpec) -> dict:
     out = {"name": a.name, "shape": list(a.shape), "dtype": a.dtype or spec.dtype, "init": a.init}
-    if getattr(a, "groups", 1) != 1:   # a grouped conv's weight: "C_in/G" is C_in over the groups
+    if a.groups != 1:   # a grouped conv's weight: "C_in/G" is C_in over the groups
         out["groups"] = a.groups
     return out
 

@@ -29,7 +29,6 @@ zero-inserted input is ever made.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.families._conv_render import render
@@ -93,20 +92,6 @@ def output_dims(op: str, dims: dict, params: dict) -> dict[str, int]:
     ops = params.get("output_padding") or [0] * r
     return {o: out_size(dims[i], k, s, lo, hi, d, opad, t) for o, i, k, s, (lo, hi), d, opad in zip(
         out_names(op), SPATIAL[r], params["kernel"], params["stride"], params["padding"], params["dilation"], ops)}
-
-
-@dataclass(frozen=True)
-class PerGroupArg(TensorArg):
-    """A TensorArg whose "C_in/G" / "C_out/G" entries are those dims divided by the groups."""
-    groups: int = 1
-
-    def concrete_shape(self, dims: dict[str, int]) -> tuple[int, ...]:
-        def one(d):
-            if isinstance(d, int):
-                return d
-            name, _, per = d.partition("/")
-            return int(dims[name]) // (self.groups if per else 1)
-        return tuple(one(d) for d in self.shape)
 
 
 class ConvFamily(Family):
@@ -194,7 +179,7 @@ class ConvFamily(Family):
     def inputs(self, spec: KernelSpec) -> list[TensorArg]:
         r, g, k = rank(spec.op), self.groups(spec), tuple(spec.params["kernel"])
         w = ("C_in", "C_out/G", *k) if is_transposed(spec.op) else ("C_out", "C_in/G", *k)
-        args = [TensorArg("x", ("N", "C_in", *SPATIAL[r])), PerGroupArg("w", w, groups=g)]
+        args = [TensorArg("x", ("N", "C_in", *SPATIAL[r])), TensorArg("w", w, groups=g)]
         epi = self.epilogue(spec)
         for i, name, _ in operand_steps(epi):
             args.append(TensorArg(name, ("C_out",) if is_channel_step(epi[i]) else ("N", "C_out", *out_names(spec.op))))
