@@ -301,3 +301,5 @@ def test_fp32_matmul_runs_on_tensor_cores_at_fp32_accuracy_where_the_gpu_has_tf3
 def test_a_matmul_config_from_before_the_precision_knob_means_ieee():
     spec = KernelSpec("matmul", "matmul", {"M": 16, "N": 16, "K": 16}, "float32")
     assert 'input_precision="ieee"' in MATMUL.render(spec, matmul_config())
+    half = KernelSpec("matmul", "matmul", {"M": 16, "N": 16, "K": 16}, "float16")
+    assert "PRECISION" not in MATMUL.render(half, matmul_config())   # fp16 has no such knob

@@ -31,8 +31,8 @@ from mtmc.kernels.task import task_of
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.tools.warm import drafts_pool
 
-# Compiling needs real CPU tensors of the compile dims; past this many elements the check dims
-# stand in (resources do not depend on sizes beyond divisibility, which small_dim keeps).
+# Compiling needs real CPU tensors of the compile dims; past this many elements the family's small
+# check dims stand in (resources do not depend on sizes beyond divisibility, which small_dim keeps).
 COMPILE_NUMEL_LIMIT = 1 << 27
 
 

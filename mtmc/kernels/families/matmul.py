@@ -184,7 +184,8 @@ class MatmulFamily(Family):
 
     def render(self, spec: KernelSpec, config: dict) -> str:
         # a config from before the precision knob (memory, a user's file) meant IEEE products
-        cfg = {"PRECISION": "ieee", **{k: config[k] for k in self.config_space(spec) if k in config}}
+        space = self.config_space(spec)
+        cfg = {**({"PRECISION": "ieee"} if "PRECISION" in space else {}), **{k: config[k] for k in space if k in config}}
         epi = self.epilogue(spec)
         split = int(cfg["SPLIT_K"])
         dot = (f'tl.dot(a, b, acc=acc, input_precision="{cfg["PRECISION"]}")  # fp32 accuracy'
