@@ -181,6 +181,21 @@ def test_an_honest_module_runs_inside(tmp_path):
     assert captured["inputs"] == [{"kind": "tensor", "shape": [4, 8], "dtype": "float32"}]
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox drops to nobody only when started as root")
+def test_code_in_a_private_checkout_stays_importable_after_the_drop(tmp_path, monkeypatch):
+    """A clean clone made by `mktemp -d` is mode 0700: a worker importing lazily after it dropped to
+    nobody once got "cannot import name 'target_compile'" (every draft failed at compile)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "lazyprobe").mkdir(parents=True)
+    (checkout / "lazyprobe" / "__init__.py").write_text("VALUE = 41\n")
+    checkout.chmod(0o700)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])))
+    module = tmp_path / "lazy.py"
+    module.write_text(MODULE.format(attack="", at_import="import lazyprobe", **{f"at_{p}": "pass" for p in PHASES[1:]}))
+    captured = capture_in_child(str(module), timeout_s=120)
+    assert captured["inputs"] == [{"kind": "tensor", "shape": [4, 8], "dtype": "float32"}]
+
+
 def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mtmc.cli", *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **env})

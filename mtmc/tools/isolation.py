@@ -219,6 +219,19 @@ def _stage(path: str, scratch: Path) -> str:
     return str(copy)
 
 
+def _ro_tree(path: str) -> list[str]:
+    """Read-only binds that show a directory of Python code to the sandbox user: the directory
+    itself when others may enter it; else (a checkout made by `mktemp -d`, mode 0700) each of its
+    entries, the same way, under a directory the new root makes 0755 (_made_dirs).  A worker
+    imports modules lazily after it dropped to nobody, so they must stay reachable."""
+    if not _drops_user() or not os.path.isdir(path) or _readable_by_others(path):
+        return ["--ro-bind", path, path]
+    entries = sorted(os.listdir(path))
+    if not entries:
+        return ["--perms", "0755", "--dir", path]
+    return [a for name in entries for a in _ro_tree(os.path.join(path, name))]
+
+
 def _read_only(path: str, scratch: Path) -> list[str]:
     """Bind arguments showing `path` read-only: a file's whole directory when anyone may read it
     (a module may import its siblings), else the file alone (a copy, when we drop to nobody)."""
@@ -296,7 +309,7 @@ def command(argv: list[str], scratch: Path, confine: Confinement, seccomp_fd: in
             if name.startswith("nvidia") and (name[6:].isdigit() or name in _GPU_DEVICES):
                 args += ["--dev-bind-try", f"/dev/{name}", f"/dev/{name}"]
     for path in _python_paths():
-        args += ["--ro-bind", path, path]
+        args += _ro_tree(path)
     for path in confine.ro:
         if not _covered(os.path.realpath(path), _python_paths()):
             args += _read_only(path, scratch)
