@@ -16,10 +16,9 @@ and "tol" the same in units of the product's tolerance (<= 1 passes the fp32 rto
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from bench.record import Results, run_meta
+from bench.record import Results, add_output_args, gpu_profile, markdown_table, run_meta
 from mtmc.kernels.families.conv import FAMILY, conv_spec
 
 # KernelBench level-1 conv tasks (the dev set's), at their sizes: name -> conv_spec arguments
@@ -45,7 +44,7 @@ TASKS = {
 }
 # one-knob moves from the default worth knowing on the GPU (illegal ones are skipped)
 VARIANTS = [{"LAYOUT": "channels_last"}, {"BLOCK_M": 64}, {"BLOCK_N": 128}, {"BLOCK_K": 64}, {"num_stages": 2},
-            {"num_warps": 4}, {"ALGO": "taps"}, {"ALGO": "flat"}, {"ALGO": "direct"}, {"PRECISION": "tf32x3"},
+            {"num_warps": 4}, {"ALGO": "taps"}, {"ALGO": "flat"}, {"ALGO": "direct"}, {"PRECISION": "ieee"}, {"PRECISION": "tf32x3"},
             {"PRECISION": "tf32x3", "LAYOUT": "channels_last"}]
 
 
@@ -125,7 +124,7 @@ def variants_of(spec, base: dict) -> list[dict]:
     return [v for v in VARIANTS if all(k in space and val in space[k] and base.get(k) != val for k, val in v.items())]
 
 
-def measure(name: str, dtype: str, quick: bool, variants: bool, hw) -> list[dict]:
+def measure(name: str, dtype: str, quick: bool, variants: bool, hw, compiled_too: bool = True) -> list[dict]:
     from mtmc.kernels.task import time_candidate
     spec = spec_of(name, dtype, quick)
     base = FAMILY.default_config(spec, hw)
@@ -136,7 +135,7 @@ def measure(name: str, dtype: str, quick: bool, variants: bool, hw) -> list[dict
         row = {"task": name, "dtype": dtype, "dims": spec.dims, "change": change or "default", "config": cfg}
         try:
             source = FAMILY.render(spec, cfg)
-            t = time_candidate(spec, source, baselines=not change, compile_baseline=True)
+            t = time_candidate(spec, source, baselines=not change, compile_baseline=compiled_too)
             if not change:
                 eager, compiled = t["eager_ms"], t["compiled_ms"]
                 row["eager_strict_ms"] = eager_strict_ms(spec)
@@ -149,28 +148,23 @@ def measure(name: str, dtype: str, quick: bool, variants: bool, hw) -> list[dict
         except Exception as exc:  # a config the GPU refuses: record why, keep going
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         rows.append(row)
-        print(json.dumps(row, default=str), flush=True)
     return rows
 
 
-def _f(v, fmt: str) -> str:
-    return format(v, fmt) if isinstance(v, (int, float)) else "-"
+def _change(r: dict) -> str:
+    return "default" if r["change"] == "default" else " ".join(f"{k}={v}" for k, v in r["change"].items())
+
+
+COLUMNS = [("task", "task"), ("dtype", "dtype"), ("config", _change), ("ours ms", "ours_ms", ".3f"),
+           ("eager ms", "eager_ms", ".3f"), ("eager no-TF32 ms", "eager_strict_ms", ".3f"),
+           ("compile ms", "compiled_ms", ".3f"), ("vs eager", "vs_eager", ".2f"), ("vs compile", "vs_compiled", ".2f"),
+           ("TFLOP/s", "tflops", ".1f"), ("err ours", "ours_err", ".1e"), ("err cuDNN", "cudnn_err", ".1e"),
+           ("err cuDNN no-TF32", "cudnn_strict_err", ".1e"), ("tol ours", "ours_tol", ".2f"),
+           ("note", lambda r: r.get("error", "")[:80])]
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| task | dtype | config | ours ms | eager ms | eager no-TF32 ms | compile ms | vs eager | vs compile "
-           "| TFLOP/s | err ours | err cuDNN | err cuDNN no-TF32 | tol ours |", "|" + "---|" * 14]
-    for r in rows:
-        change = "default" if r["change"] == "default" else " ".join(f"{k}={v}" for k, v in r["change"].items())
-        if "error" in r:
-            out.append(f"| {r['task']} | {r['dtype']} | {change} | {r['error'][:80]} |" + " |" * 10)
-            continue
-        out.append(f"| {r['task']} | {r['dtype']} | {change} | {_f(r['ours_ms'], '.3f')} | {_f(r['eager_ms'], '.3f')} "
-                   f"| {_f(r.get('eager_strict_ms'), '.3f')} | {_f(r['compiled_ms'], '.3f')} | {_f(r['vs_eager'], '.2f')}"
-                   f" | {_f(r['vs_compiled'], '.2f')} | {_f(r['tflops'], '.1f')} | {_f(r.get('ours_err'), '.1e')} "
-                   f"| {_f(r.get('cudnn_err'), '.1e')} | {_f(r.get('cudnn_strict_err'), '.1e')} "
-                   f"| {_f(r.get('ours_tol'), '.2f')} |")
-    return "\n".join(out) + "\n"
+    return markdown_table(rows, COLUMNS)
 
 
 def main(argv=None) -> int:
@@ -179,26 +173,21 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="float32,float16,bfloat16")
     p.add_argument("--only", default="", help="comma-separated task names or their number prefixes")
     p.add_argument("--no-variants", action="store_true", help="the default config only")
-    p.add_argument("--out", default="bench/results")
-    p.add_argument("--name", default=None)
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (tens of seconds per shape)")
+    add_output_args(p)
     args = p.parse_args(argv)
     import torch
-
-    from mtmc.tools.hardware import resolve
-    if not torch.cuda.is_available():
-        print("bench.conv measures on a GPU; none here", file=sys.stderr)
+    hw = gpu_profile("bench.conv")
+    if hw is None:
         return 2
     wanted = [w for w in args.only.split(",") if w]
     names = [n for n in TASKS if not wanted or any(n == w or n.split("_")[0] == w for w in wanted)]
-    hw = resolve("auto")
     meta = run_meta(quick=args.quick, tf32_default=torch.backends.cudnn.allow_tf32)
     results = Results(args.out, args.name, "conv", "Conv family vs cuDNN and torch.compile", table, meta)
     rows: list[dict] = []
     for dtype in args.dtypes.split(","):
         for name in names:
-            rows += measure(name, dtype, args.quick, not args.no_variants, hw)
-            results.save(rows)
-            torch.cuda.empty_cache()
+            results.add(rows, measure(name, dtype, args.quick, not args.no_variants, hw, not args.no_compile))
     print(f"wrote {results.markdown}")
     return 0
 

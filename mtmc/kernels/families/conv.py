@@ -255,6 +255,8 @@ class ConvFamily(Family):
 
         if self.direct_legal(spec) and (ci <= 2 or co <= 2):
             algo = "direct"    # depthwise-like: a GEMM tile would be mostly padding
+        elif taps == 1:
+            algo = "flat"      # 1x1: measured on the H200 (L1 task 87) 3.7x faster than "taps" in fp32, 1.2x in fp16
         elif ci % 16 == 0 or ci >= 64:
             algo = "taps"
         else:
@@ -264,8 +266,11 @@ class ConvFamily(Family):
         # with 4 warps spills); K depth and channels cap them for small problems.
         kdepth = ci if algo == "taps" else ci * taps
         # the flattened walk decodes a (channel, tap) pair per element of the [BLOCK_M, BLOCK_K]
-        # tile: fp32 keeps that tile at 16 deep to stay within registers
-        bk = min(16 if algo == "flat" and fp32 else 32, tile(kdepth, 16, 32))
+        # tile: fp32 keeps that tile at 16 deep to stay within registers (a 1x1 conv decodes
+        # nothing); fp16/bf16 "taps" tiles read 64 channels a step where there are that many
+        # (H200, L1 task 55: 1.11x)
+        deep = not fp32 and algo == "taps" and ci >= 64
+        bk = min(16 if algo == "flat" and fp32 and taps > 1 else (64 if deep else 32), tile(kdepth, 16, 64 if deep else 32))
         cols = d["C_out"] if algo == "direct" else co
         bn = tile(cols, 16, 64)
         # a transposed conv with strides keeps each stride phase's taps and indices in registers:
@@ -279,15 +284,26 @@ class ConvFamily(Family):
         split = 1
         while split < 16 and programs * split * 2 <= sms and iters >= split * 2 * 4:
             split *= 2
-        # fp16/bf16 "taps" tiles read BLOCK_K channels per pixel: channels-last makes them contiguous,
-        # so loads vectorize and pipeline (asynchronous copies need 4+ contiguous bytes; NCHW rows
-        # wrap at image edges, so the compiler cannot prove them contiguous); one copy of x pays it
-        layout = "channels_last" if algo == "taps" and not fp32 else "nchw"
+        # "taps" tiles read BLOCK_K channels per pixel: channels-last makes them contiguous, so loads
+        # vectorize and pipeline (asynchronous copies need 4+ contiguous bytes; NCHW rows wrap at
+        # image edges, so the compiler cannot prove them contiguous); one copy of x pays it.  On the
+        # H200 it made fp32 tf32x3 convs 2-3.3x faster too (L1 tasks 55, 57)
+        layout = "channels_last" if algo == "taps" else "nchw"
+        # 8 warps for big tiles, except where 4 measured faster on the H200: fp16/bf16 "taps" (L1
+        # tasks 55, 57: 1.11-1.13x) and direct convs of a few channels (depthwise 83, 128 x 16
+        # tiles: 1.25-1.56x); wider fp32 direct tiles and strided transposed ones spill with 4
+        big = bm >= 128 or bm * bn >= 64 * 64
+        four = (algo == "taps" and not fp32 and not phased) or (algo == "direct" and bm * bn <= 128 * 16)
+        warps = 8 if big and not four else 4
         cfg = {"ALGO": algo, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8 if -(-m // bm) > 1 else 1,
-               "SPLIT_K": split, "LAYOUT": layout, "num_warps": 8 if bm >= 128 or bm * bn >= 64 * 64 else 4,
+               "SPLIT_K": split, "LAYOUT": layout, "num_warps": warps,
                "num_stages": 3}
         if fp32:
-            cfg["PRECISION"] = "ieee"
+            # tf32x3 keeps fp32 accuracy at tensor-core speed (the matmul family's default too):
+            # measured on the H200, IEEE FMAs made a 3x3 conv 1.36x slower (L1 task 59) and ran at
+            # ~13 TFLOP/s on task 55; direct convs use no tl.dot, so their precision is moot
+            tc = algo != "direct" and "tf32" in getattr(hw, "tc_tflops", {})
+            cfg["PRECISION"] = "tf32x3" if tc else "ieee"
         return cfg
 
     def render(self, spec: KernelSpec, config: dict) -> str:
