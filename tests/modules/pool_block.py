@@ -31,7 +31,7 @@ N, C, H, W = 2, 4, 9, 10
 
 
 def get_inputs():
-    return [torch.randn(N, C, H, W), torch.randn(N, C, 17)]
+    return [torch.randn(N, C, H, W), torch.randn(N, C, 2 * W - 3)]
 
 
 def get_init_inputs():
