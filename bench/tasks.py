@@ -14,3 +14,15 @@ SPINE_TASKS = [
     "batched matmul 32x512x512 by 32x512x1024 in bf16 with a relu",
     "matmul 2048x2048 by 2048x2048 in fp32",
 ]
+
+# Pooling (KernelBench level-1 shapes and the pools that follow convs): several GB moved each.
+POOLING_TASKS = [
+    "max pool 3x3 stride 2 padding 1 on a 32x64x512x512 fp16 tensor",
+    "maxpool1d kernel 8 stride 1 padding 4 dilation 3 on 64x192x65536",
+    "max pool 3x3x3 stride 2 padding 1 dilation 3 on 16x32x128x128x128",
+    "avg pool 11x11 on a 16x64x2048x2048 tensor",
+    "avg pool 3x3x3 stride 2 padding 1 on 16x32x128x128x128 bf16, then gelu",
+    "max pool 2x2 on a 128x256x224x224 bf16 tensor with indices",
+    "adaptive avg pool to 7x7 on 256x512x56x56 fp16",
+    "global average pooling over a 512x2048x14x14 bf16 tensor",
+]

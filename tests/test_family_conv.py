@@ -200,12 +200,13 @@ COMPILE_SPECS = {  # KernelBench level-1 shapes
 
 COMPILE_CHILD = """
 import json, sys
-from mtmc.kernels.families.conv import FAMILY
+from mtmc.kernels.catalog import families
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import PROFILES
 from mtmc.kernels.task import compile_resources
 h200 = PROFILES["h200"]
 out = {}
+FAMILY = families()[sys.argv[1]]
 for name, d in json.loads(sys.stdin.read()).items():
     spec = KernelSpec.from_dict(d)
     cfg = FAMILY.default_config(spec, h200)
@@ -217,12 +218,12 @@ print(json.dumps(out))
 """
 
 
-def compile_defaults(specs: dict) -> dict:
+def compile_defaults(specs: dict, family: str = "conv") -> dict:
     """Resource reports of each spec's default config for sm_90, from one child with the
-    interpreter off (this process's Triton may be the interpreter's)."""
+    interpreter off (this process's Triton may be the interpreter's); the pool tests use it too."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", COMPILE_CHILD], input=json.dumps(specs), capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", COMPILE_CHILD, family], input=json.dumps(specs), capture_output=True,
                           text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

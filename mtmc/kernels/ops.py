@@ -13,4 +13,5 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "norm": ("layernorm", "rmsnorm"),
     "matmul": ("matmul", "bmm"),
     "conv": ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
+    "pool": tuple(f"{kind}_pool{r}d" for kind in ("max", "avg", "adaptive_max", "adaptive_avg") for r in (1, 2, 3)),
 }

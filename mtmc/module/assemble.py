@@ -26,6 +26,7 @@ from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import family_of
 from mtmc.module.conv_fusion import out_shape_source
+from mtmc.module.pool_fusion import out_shape_source as pool_out_shape_source
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module.fusion import Group
 from mtmc.module.fxjson import rebuild_graph
@@ -169,6 +170,8 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
     elif kind == "conv":
         body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
+    elif kind == "pool":
+        body += [f"shape = {pool_out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late

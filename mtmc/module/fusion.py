@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import conv_fusion
+from mtmc.module import conv_fusion, pool_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -122,7 +122,7 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g, plugins=(conv_fusion,))
+        classify = Classifier(self.g, plugins=(conv_fusion, pool_fusion))
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -282,7 +282,7 @@ class Partitioner:
         it as its main input: each of them recomputes it rather than reading it back from memory."""
         operands = [r for r in s.inputs[1:] if isinstance(r, NodeRef) and self.g.tensor(r) is not None]
         users = self.g.users[name]
-        ok = not operands and all(isinstance(self.sem.get(u), Anchor) and self.sem[u].family not in ("matmul", "conv")
+        ok = not operands and all(isinstance(self.sem.get(u), Anchor) and self.sem[u].family not in ("matmul", "conv", "pool")
                                   and self.sem[u].x == NodeRef(name) for u in users)
         if ok:
             self.shared.add(name)
@@ -394,6 +394,13 @@ class Partitioner:
     def _conv_group(self, name: str, a: Anchor) -> None:
         conv_fusion.build(self, name, a)   # the conv, its bias and its pointwise tail
 
+    def _pool_group(self, name: str, a: Anchor) -> None:
+        pool_fusion.build(self, name, a)   # the pool and its pointwise tail
+
+    def _builder(self, main: NodeRef, dtype: str) -> _Builder:
+        """A new group's builder (for plugins building their own groups)."""
+        return _Builder(self.g, main, dtype)
+
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:
         """The builder of a group around a weighted anchor (matmul, conv): its input and weight in
@@ -439,7 +446,8 @@ class Partitioner:
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                build = {"matmul": self._matmul_group, "conv": self._conv_group}.get(a.family, self._rows_group)
+                build = {"matmul": self._matmul_group, "conv": self._conv_group,
+                         "pool": self._pool_group}.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)

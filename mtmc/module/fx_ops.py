@@ -3,7 +3,7 @@
 Reads one graph of module.capture's result (plain JSON) and classifies its nodes: *pointwise*
 (a unary step of the pointwise vocabulary, or a binary op of two values), *anchors* a kernel is
 built around (matmul / linear / bmm, reductions, softmax, layer and RMS norms; plugins add more:
-convolutions, module.conv_fusion), or neither.
+convolutions, module.conv_fusion; pooling, module.pool_fusion), or neither.
 Near misses (a softmax over a middle dim, dropout in training mode, an in-place op on a shared
 tensor) raise Reject with the reason, which the report repeats.  Function targets are matched
 by torch.fx's qualified names of the real torch functions, so torch versions agree.

@@ -16,6 +16,7 @@ KNOB_KIND = {
     "num_warps": "warps", "num_stages": "pipeline", "GROUP_M": "swizzle",
     "SPLIT_K": "split_k", "PERSISTENT": "persistent", "ROWS_PER_PROG": "rows_per_program",
     "ALGO": "algorithm", "LAYOUT": "layout", "PRECISION": "precision",
+    "BLOCK_P": "tile", "BLOCK_R": "tile", "BLOCK_W": "tile", "UNROLL": "unroll",
 }
 
 WHY_KIND = {
@@ -27,11 +28,13 @@ WHY_KIND = {
     "persistent": "a persistent grid removes launch and tail cost of many small programs",
     "rows_per_program": "several rows per program amortize per-program overhead for short rows",
     "algorithm": "how a conv walks its reduction: taps then channel blocks, flattened (channel, tap) "
-                 "blocks for few channels, or a direct multiply-add per channel for depthwise convs",
+                 "blocks for few channels, or a direct multiply-add per channel for depthwise convs; "
+                 "a global pool: per-output windows, or lanes along the whole plane",
     "layout": "channels-last input and weights make the reduction dim contiguous (vector loads) "
               "at the cost of a copy",
     "precision": "three TF32 tensor-core products per fp32 product keep fp32 accuracy at several times "
                  "the throughput of IEEE FMAs",
+    "unroll": "unrolled taps keep a pooling window's loads in flight together; a loop keeps big windows small",
     "stop": "no legal change is predicted to help",
 }
 

@@ -131,14 +131,13 @@ def _per_dim(value, r: int, what: str, default):
     return value
 
 
-def build_conv(ctx: _Ctx, op: str) -> object:
-    conv = getattr(ctx, "conv", {})
-    _values(ctx, "conv")
+def spatial_input(ctx: _Ctx, r: int | None, what: str, example: str, hint: str) -> tuple[list[int], int]:
+    """The one N x C x spatial input shape of a conv or pool request, and its rank (from the shape's
+    length when the words gave none); `what` names the op in messages ("conv", "pool")."""
     shapes = sorted(ctx.shapes, key=len, reverse=True)
-    r = conv.get("rank")
     if not shapes:
-        raise _Fail("a convolution needs its input's shape: give it as N x C x H x W (e.g. 16x64x56x56; "
-                    "N x C x L for conv1d, N x C x D x H x W for conv3d).")
+        raise _Fail(f"a {what} needs its input's shape: give it as N x C x H x W (e.g. {example}; "
+                    "N x C x L for 1d, N x C x D x H x W for 3d).")
     x = shapes[0]
     if "batch" in ctx.sizes and r is not None and len(x) == r + 1:
         x = [ctx.sizes["batch"], *x]
@@ -146,11 +145,28 @@ def build_conv(ctx: _Ctx, op: str) -> object:
     if r is None:
         r = len(x) - 2
     if r not in SPATIAL or len(x) != r + 2:
-        raise _Fail(f"the conv's input {_x(x)} is not N x C x {' x '.join(SPATIAL.get(r, ('H', 'W')))}: give the "
-                    "batch, the channels and the spatial sizes (e.g. 16x64x56x56 for a 2d conv).")
+        raise _Fail(f"the {what}'s input {_x(x)} is not N x C x {' x '.join(SPATIAL.get(r, ('H', 'W')))}: give the "
+                    f"batch, the channels and the spatial sizes (e.g. {example} for a 2d {what}).")
     if len(shapes) > 1:
-        raise _Fail(f"I found several shapes ({', '.join(map(_x, ctx.shapes))}); a conv takes one input shape "
-                    "(give the kernel as 'kernel 3x3' or '3x3 conv').")
+        raise _Fail(f"I found several shapes ({', '.join(map(_x, ctx.shapes))}); a {what} takes one input shape "
+                    f"({hint}).")
+    return x, r
+
+
+def epilogue_after(ctx: _Ctx, what: str) -> list[dict]:
+    """The pointwise steps after the core op (a conv's or pool's epilogue); steps before it fail."""
+    order = _ordered(ctx)
+    core_at = next(i for i, it in enumerate(order) if it.is_core)
+    before = [it.words for it in order[:core_at] if not it.is_core]
+    if before:
+        raise _Fail(f"'{before[0]}' comes before the {what}; its kernel fuses ops after it (its epilogue) only.")
+    return _steps([it for it in order[core_at + 1:] if not it.is_core])
+
+
+def build_conv(ctx: _Ctx, op: str) -> object:
+    conv = getattr(ctx, "conv", {})
+    _values(ctx, "conv")
+    x, r = spatial_input(ctx, conv.get("rank"), "conv", "16x64x56x56", "give the kernel as 'kernel 3x3' or '3x3 conv'")
     c_in = x[1]
     if conv.get("in") not in (None, c_in):
         raise _Fail(f"the input {_x(x)} has {c_in} channels, but the request says {conv['in']} input channels.")
@@ -167,12 +183,7 @@ def build_conv(ctx: _Ctx, op: str) -> object:
         kernel = [1] * r if conv["pointwise"] else [3] * r
         if not conv["pointwise"]:
             ctx.assume(f"no kernel size given: {'x'.join(map(str, kernel))}")
-    order = _ordered(ctx)
-    core_at = next(i for i, it in enumerate(order) if it.is_core)
-    before = [it.words for it in order[:core_at] if not it.is_core]
-    if before:
-        raise _Fail(f"'{before[0]}' comes before the conv; its kernel fuses ops after it (its epilogue) only.")
-    epilogue = _steps([it for it in order[core_at + 1:] if not it.is_core])
+    epilogue = epilogue_after(ctx, "conv")
     op = ("conv_transpose" if conv["transposed"] else "conv") + f"{r}d"
     params = {"stride": _per_dim(conv.get("stride"), r, "stride", 1),
               "padding": _per_dim(conv.get("padding"), r, "padding", 0),

@@ -28,6 +28,7 @@ from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
 from mtmc.request.formulas import _read_formulas
+from mtmc.request.pool_words import build_pool, read_pool
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
 from mtmc.request.words import _check_clauses, _check_leftovers, _check_tensor_count, _read_axis, _read_words
@@ -74,6 +75,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_context(ctx)
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
+    read_pool(ctx)   # a pooling's own words (window, stride ...)
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -82,7 +84,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    spec = (build_conv if family == "conv" else _BUILDERS[family])(ctx, op)
+    spec = ({"conv": build_conv, "pool": build_pool}.get(family) or _BUILDERS[family])(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
@@ -95,7 +97,8 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
                  "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
                  "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
-                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue. "
+                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "
+                 "max, average and adaptive pooling (1d/2d/3d) with a fused epilogue. "
                  "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
 
 
@@ -130,7 +133,8 @@ def _success_message(spec: KernelSpec, assumptions: list[str]) -> str:
         if spec.params.get(key):
             details.append(f"{key} {pointwise.describe_chain(spec.params[key])}")
     details += [f"{k} {spec.params[k]}" for k in ("scale", "eps", "b_layout", "affine", "bias", "shape", "kernel",
-                                                  "stride", "padding", "dilation", "groups", "output_padding")
+                                                  "stride", "padding", "dilation", "groups", "output_padding", "ceil_mode",
+                                                  "count_include_pad", "divisor_override", "indices")
                 if k in spec.params]
     text = "; ".join([f"{spec.op} ({spec.family}), {dims}, {spec.dtype}", *details]) + "."
     if assumptions:
@@ -154,6 +158,9 @@ EXAMPLES = {
     "conv": ["conv2d 3x3 stride 2 padding 1 on 16x64x56x56 float16 with 128 output channels",
              "depthwise conv 5x5 padding 2 on a 8x96x112x112 bf16 input, then relu",
              "transposed conv1d kernel 4 stride 2 padding 1 on 8x32x1024 with 16 output channels and a bias"],
+    "pool": ["max pool 3x3 stride 2 on a 16x64x112x112 fp16 tensor",
+             "adaptive avg pool to 7x7 on 32x512x14x14 bf16, then relu",
+             "maxpool1d kernel 4 stride 2 dilation 2 on 16x32x4096 with indices"],
 }
 
 
@@ -173,6 +180,9 @@ def supported_summary() -> str:
              "- convolutions: " + ", ".join(FAMILY_OPS["conv"]) + " on an N x C x [D x] [H x] W input, with kernel, "
              "stride, padding (a number, per dim, 'same'), dilation, groups (depthwise), output padding, output "
              "channels, and pointwise ops fused after (bias, relu, scale ...).",
+             "- pooling: " + ", ".join(FAMILY_OPS["pool"]) + " on an N x C x [D x] [H x] W input, with window, "
+             "stride, padding, dilation (max), ceil mode, padding not counted / a divisor (avg), indices (max), "
+             "an output size (adaptive; 'global' is 1), and pointwise ops fused after.",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
              "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
              "Row ops work along the last dim only (over each row).",

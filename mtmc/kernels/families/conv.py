@@ -35,7 +35,9 @@ from mtmc.kernels.families._conv_render import render
 from mtmc.kernels.families.elementwise import indent, operand_steps, signature, step_lines
 from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
 from mtmc.kernels.spec import KernelSpec
-from mtmc.kernels.families._conv_geometry import SPATIAL, is_channel_step, is_transposed, out_names, rank  # noqa: F401
+from mtmc.kernels.families._conv_geometry import (  # noqa: F401
+    SPATIAL, is_channel_step, is_transposed, out_names, rank, validate_channel_epilogue,
+)
 
 OPS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 ALGOS = ("taps", "flat", "direct")
@@ -166,13 +168,7 @@ class ConvFamily(Family):
         if wrong:
             got = {k: d[k] for k in wrong}
             raise ValueError(f"output dims {got} do not follow from the input and params; they would be {wrong}")
-        epi = p.get("epilogue", [])
-        if not isinstance(epi, list):
-            raise ValueError("the conv epilogue must be a list of pointwise steps")
-        pointwise.validate_chain(epi)
-        if pointwise.uses_periodic(epi):
-            raise ValueError("conv epilogues take full or per-channel operands ({'channel': true}), "
-                             "not broadcast (periodic) ones")
+        epi = validate_channel_epilogue(p, "conv")
         if p.get("allow_tf32") and spec.dtype != "float32":
             raise ValueError("allow_tf32 is for float32 convs")
 
@@ -375,21 +371,23 @@ class ConvFamily(Family):
         for i, (s_name, k, s, (lo, hi), dil, opad) in enumerate(zip(SPATIAL[r], p["kernel"], p["stride"], p["padding"],
                                                                    p["dilation"], opads)):
             per_dim = max(2, round(target ** (1.0 / (r - i))))
-            dims[s_name] = _small_input(d[s_name], per_dim, k, s, lo, hi, dil, opad, is_transposed(spec.op))
+            t = is_transposed(spec.op)
+            dims[s_name] = _small_input(d[s_name], per_dim, s,
+                                        lambda n, k=k, s=s, lo=lo, hi=hi, dil=dil, opad=opad: out_size(n, k, s, lo, hi, dil, opad, t))
             made = out_size(dims[s_name], k, s, lo, hi, dil, opad, is_transposed(spec.op))
             target = max(1, -(-target // max(1, made)))
         dims.update(output_dims(spec.op, dims, p))
         return dims
 
 
-def _small_input(size: int, out_target: int, k: int, s: int, lo: int, hi: int, dil: int, opad: int,
-                 transposed: bool) -> int:
-    """The least input size <= `size` whose output reaches `out_target` (or the real size),
-    with the same remainder mod the stride as the real size."""
-    if out_size(size, k, s, lo, hi, dil, opad, transposed) <= out_target:
+def _small_input(size: int, out_target: int, s: int, out_of) -> int:
+    """The least input size <= `size` whose output (out_of(input size)) reaches `out_target` (or
+    the real size), with the same remainder mod the stride s as the real size.  The pool family
+    uses it too."""
+    if out_of(size) <= out_target:
         return size
     small = 1
-    while out_size(small, k, s, lo, hi, dil, opad, transposed) < max(1, out_target):
+    while out_of(small) < max(1, out_target):
         small += 1
     small += (size - small) % s
     return min(size, small)
