@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import conv_fusion
+from mtmc.module import conv_fusion, pointwise_fusion
+from mtmc.kernels import pointwise
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -116,7 +117,7 @@ class _Builder:
                 self.guards.append(g)
 
 
-_BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum"}
+_BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 
 
 class Partitioner:
@@ -185,6 +186,8 @@ class Partitioner:
         if self.g.tensor(node) != (full_shape, b.dtype):
             return None
         if s.binop is None:
+            if pointwise.uses_index(s.steps):  # tril/triu: a matmul epilogue only (its own hook)
+                return None
             return list(s.steps) if s.inputs and s.inputs[0] == NodeRef(running) else None
         x, y = s.inputs
         first = x == NodeRef(running)
@@ -196,7 +199,7 @@ class Partitioner:
         t = self.g.tensor(other) if isinstance(other, NodeRef) else None
         if t is None:
             return self._scalar_step(s.binop, other, first, b)
-        if other.name in b.nodes or t[1] != b.dtype or s.binop == "div":
+        if other.name in b.nodes or t[1] != b.dtype:
             return None
         oshape = t[0]
         if oshape != full_shape:
@@ -220,6 +223,8 @@ class Partitioner:
         pattern = pattern or {}
         if s.binop == "sub" and not first:
             return [{"op": "neg"}, {"op": "add", **pattern}]
+        if s.binop == "div" and not first:
+            return [{"op": "rdiv", **pattern}]
         return [{"op": _BINOP_STEP[s.binop], **pattern}]
 
     def _scalar_step(self, binop: str, other, first: bool, b: _Builder) -> list[dict] | None:
@@ -234,6 +239,8 @@ class Partitioner:
             steps = [{"op": "scale", "value": num}]
         elif binop == "div" and first and num != 0:
             steps = [{"op": "scale", "value": 1.0 / num}]
+        elif binop == "div" and not first:
+            steps = [{"op": "reciprocal"}, {"op": "scale", "value": num}]
         else:
             return None
         b.guard(other, num)
@@ -381,7 +388,10 @@ class Partitioner:
         if built is None:
             return
         b, epilogue = built
-        more, last = self._extend(name, b, [*sa[:-1], n_dim], {"view": "like", "of": "out"}, vector_ok=True)
+        out_shape = [*sa[:-1], n_dim]
+        more, last = self._extend(name, b, out_shape, {"view": "like", "of": "out"}, vector_ok=True,
+                                  first=lambda node, running: pointwise_fusion.matmul_index_step(
+                                      self, node, running, out_shape, batched))
         epilogue += more
         if batched:
             dims = {"B": math.prod(sa[:-2]), "M": sa[-2], "N": n_dim, "K": sa[-1]}
@@ -436,6 +446,7 @@ class Partitioner:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
         self._silu_patterns()
+        pointwise_fusion.collapse(self)   # formulas reading one value twice (hand-written hardswish)
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:

