@@ -77,3 +77,20 @@ def pow_steps(exponent) -> list[dict]:
     """x ** exponent for a plain number: square for 2 (the common case, one multiply)."""
     e = _number(exponent, "an exponent")
     return [{"op": "square"}] if e == 2.0 else [{"op": "pow", "value": e}]
+
+
+def reduced_dims(op: str, dim, ndim: int):
+    """A reduction's dim argument as the reduction groups take it: an int, a list of neighbouring
+    dims (a kernel reduces them as one: x.sum(dim=(2, 3))), or None for every dim.  ValueError
+    says why other forms are not fused (fx_ops reports it as a Reject)."""
+    if dim is None:
+        return None
+    dims = list(dim) if isinstance(dim, (tuple, list)) else [dim]
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise ValueError(f"{op} over a computed or empty dim list is not fused")
+    dims = sorted({d % ndim for d in dims})
+    if dims != list(range(dims[0], dims[-1] + 1)):
+        raise ValueError(f"{op} over dims {dims} that are not next to each other is not fused")
+    if len(dims) == ndim:
+        return None
+    return dims[0] if len(dims) == 1 else dims

@@ -336,11 +336,14 @@ class Partitioner:
         if a.family == "reduction" and a.dim is None:
             main_view, dims = {"view": "flat"}, {"M": 1, "N": math.prod(shape)}
         elif a.family == "reduction":
+            lo, hi = (a.dim[0], a.dim[-1]) if isinstance(a.dim, list) else (a.dim, a.dim)  # a run of dims is one
             main_view = {"view": "rows", "contiguous": True}
-            dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
-            if a.dim != len(shape) - 1:  # reduce in place over a middle dim: no transposed copy of x
+            dims = {"M": math.prod(shape) // math.prod(shape[lo:hi + 1]), "N": math.prod(shape[lo:hi + 1])}
+            if hi != len(shape) - 1:  # reduce in place over a middle dim: no transposed copy of x
                 main_view = {"view": "strided", "dim": a.dim}
-                inner = math.prod(shape[a.dim + 1:])
+                inner = math.prod(shape[hi + 1:])
+            elif lo != hi:   # the last few dims: rows of their product
+                main_view = {"view": "strided", "dim": a.dim}
         else:
             main_view, dims = {"view": "rows", "contiguous": True}, {"M": math.prod(shape) // shape[-1], "N": shape[-1]}
         # vector operands run along the kernel's last dim: only when x's last dim stays last
@@ -362,6 +365,8 @@ class Partitioner:
         epilogue, last = [], a.out
         if a.family != "reduction":
             epilogue, last = self._extend(a.out, b, shape, full, vector_ok)
+        elif a.op not in ("argmax", "argmin"):   # operand-free steps on the reduced values
+            epilogue, last = pointwise_fusion.reduction_epilogue(self, a.out, b)
         params = dict(a.params)
         if inner > 1:
             params["inner"] = inner

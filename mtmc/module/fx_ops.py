@@ -141,9 +141,10 @@ LINEAR_FUNCTION = q(F.linear)
 EINSUM = q(torch.einsum)
 REDUCE_FUNCTIONS = {q(f): op for f, op in [
     (torch.sum, "sum"), (torch.mean, "mean"), (torch.amax, "max"), (torch.amin, "min"), (torch.max, "max"),
-    (torch.min, "min"), (torch.argmax, "argmax"), (torch.argmin, "argmin")]}
+    (torch.min, "min"), (torch.argmax, "argmax"), (torch.argmin, "argmin"), (torch.prod, "prod"),
+    (torch.logsumexp, "logsumexp")]}
 REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
-                  "argmax": "argmax", "argmin": "argmin"}
+                  "argmax": "argmax", "argmin": "argmin", "prod": "prod", "logsumexp": "logsumexp"}
 SOFTMAX_FUNCTIONS = {q(F.softmax): "softmax", q(torch.softmax): "softmax",
                      q(F.log_softmax): "log_softmax", q(torch.log_softmax): "log_softmax"}
 SOFTMAX_MODULES = {_cls(nn.Softmax): "softmax", _cls(nn.LogSoftmax): "log_softmax"}
@@ -456,16 +457,13 @@ class Classifier:
             raise Reject(f"{op} with a dtype= cast is not fused")
         dim = _arg(args, kwargs, 1, "dim")
         keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
-        if isinstance(dim, (tuple, list)):
-            if len(dim) != 1:
-                raise Reject(f"{op} over several dims is not fused")
-            dim = dim[0]
-        if dim is not None and not isinstance(dim, int):
-            raise Reject(f"{op} over a computed dim is not fused")
         if not shape or math.prod(shape) == 0:
             raise Reject(f"{op} of an empty or 0-d tensor")
-        anchor = Anchor("reduction", op, x, dim=None if dim is None else dim % len(shape), keepdim=keepdim,
-                        out=name, replaces=[name])
+        try:   # an int, a run of neighbouring dims [lo, ..., hi], or None (every dim)
+            dim = activations.reduced_dims(op, dim, len(shape))
+        except ValueError as e:
+            raise Reject(str(e)) from None
+        anchor = Anchor("reduction", op, x, dim=dim, keepdim=keepdim, out=name, replaces=[name])
         value = self.g.by_name[name]["value"]
         if "seq" in value:  # max/min with a dim: (values, indices)
             users = self.g.users[name]

@@ -131,3 +131,18 @@ def matmul_index_step(p, node: str, running: str, out_shape: list[int], batched:
     if s.inputs[0] != NodeRef(running) or node in p.taken or p.g.tensor(node) != p.g.tensor(running):
         return None
     return list(s.steps) if len(out_shape) == 2 or batched else None
+
+
+def reduction_epilogue(p, out: str, b) -> tuple[list[dict], str]:
+    """The one-input steps after a reduction's result `out` (x.sum(-1) * s, logsumexp then relu),
+    each the single user of the one before: (steps, the last node), the nodes added to b."""
+    steps, last = [], out
+    while (user := p._single_user(last)) is not None:
+        one = _one_input(p.sem.get(user))
+        if (one is None or one[0] != NodeRef(last) or user in p.taken or p.g.tensor(user) != p.g.tensor(last)
+                or pointwise.uses_index(one[1])):
+            break
+        steps += one[1]
+        b.nodes += [user, *p.sem[user].covers]
+        last = user
+    return steps, last
