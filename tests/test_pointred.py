@@ -112,3 +112,47 @@ def test_logsumexp_is_stable_for_large_values():
         out = torch.empty(4)
         mod.launch(x, out=out)
         torch.testing.assert_close(out.double(), torch.logsumexp(x.double(), -1), rtol=1e-6, atol=0)
+
+
+# -- words -------------------------------------------------------------------------------------
+
+from mtmc.request.parse import parse_request  # noqa: E402
+
+WORDS = [
+    ("selu on a 4096x4096 tensor", "chain", {"M": 4096, "N": 4096}, {"chain": [{"op": "selu"}]}),
+    ("elu with alpha 0.5 on a 1024x1024 fp16 tensor", "chain", {"M": 1024, "N": 1024},
+     {"chain": [{"op": "elu", "value": 0.5}]}),
+    ("softplus with beta 2 and threshold 10 on a 8192x8192 tensor", "chain", {"M": 8192, "N": 8192},
+     {"chain": [{"op": "softplus", "value": 2.0, "threshold": 10.0}]}),
+    ("hardtanh with min -2 and max 2 on a 4096x4096 tensor", "chain", {"M": 4096, "N": 4096},
+     {"chain": [{"op": "clamp_min", "value": -2.0}, {"op": "clamp_max", "value": 2.0}]}),
+    ("square root then reciprocal on a 4096x4096 tensor", "chain", {"M": 4096, "N": 4096},
+     {"chain": [{"op": "sqrt"}, {"op": "reciprocal"}]}),
+    ("x to the power 3 on a 4096x4096 tensor", "chain", {"M": 4096, "N": 4096}, {"chain": [{"op": "pow", "value": 3.0}]}),
+    ("logsumexp over the last dim of a 8192x4096 fp16 tensor", "logsumexp", {"M": 8192, "N": 4096}, {}),
+    ("product over each row of a 1024x64 tensor", "prod", {"M": 1024, "N": 64}, {}),
+    ("sum over dims 2 and 3 of a 16x64x56x56 tensor", "sum", {"M": 1024, "N": 3136}, {}),
+    ("max over dims (1, 2) of a 8x16x32x64 tensor", "max", {"M": 512, "N": 512}, {"inner": 64}),
+    ("argmax over dim 1 of a 16x128x512 tensor", "argmax", {"M": 8192, "N": 128}, {"inner": 512}),
+    ("row-wise sum of a 4096x8192 tensor then scale by 0.5", "sum", {"M": 4096, "N": 8192},
+     {"epilogue": [{"op": "scale", "value": 0.5}]}),
+]
+
+
+@pytest.mark.parametrize("text,op,dims,params", WORDS)
+def test_words_parse_to_the_spec(text, op, dims, params):
+    r = parse_request(text)
+    assert r.ok, r.message
+    assert (r.spec.op, r.spec.dims) == (op, dims)
+    assert {k: v for k, v in r.spec.params.items() if k != "shape"} == params
+
+
+@pytest.mark.parametrize("text,why", [
+    ("sum over dims 1 and 3 of a 2x3x4x5 tensor", "not next to each other"),
+    ("elu with alpha 0 on a 4x4 tensor", "undefined"),
+    ("sum over dims 2 and 3", "needs the tensor's shape"),
+    ("hardtanh with min 2 and max -2 on a 4x4 tensor", "above its max"),
+])
+def test_words_refusals_say_why(text, why):
+    r = parse_request(text)
+    assert not r.ok and why in r.message, r.message

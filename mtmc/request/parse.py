@@ -27,6 +27,7 @@ from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
+from mtmc.request.pointred_words import build_reduction, read_pointred, reduces_other_dims
 from mtmc.request.formulas import _read_formulas
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
@@ -74,6 +75,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_context(ctx)
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
+    read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -82,7 +84,10 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    spec = (build_conv if family == "conv" else _BUILDERS[family])(ctx, op)
+    build = build_conv if family == "conv" else _BUILDERS[family]
+    if family == "reduction" and reduces_other_dims(ctx):
+        build = build_reduction
+    spec = build(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
