@@ -134,6 +134,11 @@ WORDS = [
     ("sum over dims 2 and 3 of a 16x64x56x56 tensor", "sum", {"M": 1024, "N": 3136}, {}),
     ("max over dims (1, 2) of a 8x16x32x64 tensor", "max", {"M": 512, "N": 512}, {"inner": 64}),
     ("argmax over dim 1 of a 16x128x512 tensor", "argmax", {"M": 8192, "N": 128}, {"inner": 512}),
+    ("sum over dim 0 of a 1024x1024 tensor", "sum", {"M": 1024, "N": 1024}, {"inner": 1024}),
+    ("sum(x) * 2", "sum", {"M": 4096, "N": 4096}, {"epilogue": [{"op": "scale", "value": 2.0}]}),
+    ("x ** 3 on a 64x64 tensor", "chain", {"M": 64, "N": 64}, {"chain": [{"op": "pow", "value": 3.0}]}),
+    ("sqrt of a 4096x4096 tensor", "chain", {"M": 4096, "N": 4096}, {"chain": [{"op": "sqrt"}]}),
+    ("logsumexp over the rows of a 512x30000 fp32 tensor", "logsumexp", {"M": 512, "N": 30000}, {}),
     ("row-wise sum of a 4096x8192 tensor then scale by 0.5", "sum", {"M": 4096, "N": 8192},
      {"epilogue": [{"op": "scale", "value": 0.5}]}),
 ]
@@ -156,3 +161,85 @@ def test_words_parse_to_the_spec(text, op, dims, params):
 def test_words_refusals_say_why(text, why):
     r = parse_request(text)
     assert not r.ok and why in r.message, r.message
+
+
+# -- tril / triu and forks in kernels ----------------------------------------------------------
+
+@pytest.mark.parametrize("op,diag", [("tril", 0), ("triu", 1), ("tril", -2)])
+def test_tril_triu_in_the_matmul_epilogue(op, diag):
+    epi = [{"op": "bias"}, {"op": op, "value": diag}, {"op": "relu"}]
+    spec = KernelSpec("matmul", "matmul", {"M": 40, "N": 36, "K": 24}, "float32", {"epilogue": epi})
+    fam = catalog.family_of(spec)
+    assert fam.config_space(spec)["SPLIT_K"] == [1]
+    config = {**fam.default_config(spec, H200), "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+    assert_matches_torch(spec, config, spec.dims)
+    bmm = KernelSpec("matmul", "bmm", {"B": 2, "M": 20, "N": 20, "K": 8}, "float16", {"epilogue": [{"op": op, "value": diag}]})
+    assert_matches_torch(bmm, {**fam.default_config(bmm, H200), "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, bmm.dims)
+
+
+def test_tril_outside_a_matmul_is_refused():
+    spec = KernelSpec("elementwise", "chain", {"M": 4, "N": 4}, "float32", {"chain": [{"op": "tril", "value": 0}]})
+    with pytest.raises(ValueError, match="matmul epilogue"):
+        catalog.family_of(spec).validate(spec)
+
+
+FORK = {"op": "fork", "binop": "mul", "left": [{"op": "scale", "value": 0.5}],
+        "right": [{"op": "fork", "binop": "add", "left": [], "right": [{"op": "pow", "value": 3.0}]}, {"op": "tanh"}]}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fork_steps_in_chains_and_epilogues(dtype):
+    chain = KernelSpec("elementwise", "chain", {"M": 9, "N": 70}, dtype, {"chain": [FORK, {"op": "relu"}]})
+    assert_matches_torch(chain)
+    mm = KernelSpec("matmul", "matmul", {"M": 20, "N": 24, "K": 40}, dtype, {"epilogue": [{"op": "bias"}, FORK]})
+    fam = catalog.family_of(mm)
+    assert_matches_torch(mm, {**fam.default_config(mm, H200), "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, mm.dims)
+    assert pointwise.describe_chain([FORK]) == "mul(scale(0.5), add(x, pow(3.0)) -> tanh)"
+
+
+def test_fork_validation_refuses_operands_and_unknown_binops():
+    for bad in ({**FORK, "binop": "pow"}, {**FORK, "left": [{"op": "add"}]}):
+        with pytest.raises(ValueError):
+            pointwise.validate_chain([bad])
+
+
+# -- sm_90 resources of the defaults at benchmark sizes ------------------------------------------
+
+def test_default_configs_compile_for_sm90_without_spills():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.tasks import POINTRED_TASKS
+    root = Path(__file__).resolve().parents[1]
+    specs = {t: parse_request(t).spec.to_dict() for t in POINTRED_TASKS}
+    specs["tril matmul"] = KernelSpec("matmul", "matmul", {"M": 4096, "N": 4096, "K": 4096}, "float32",
+                                      {"epilogue": [{"op": "tril", "value": 0}]}).to_dict()
+    child = """
+import json, sys
+from mtmc.kernels.catalog import family_of
+from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.hardware import PROFILES
+from mtmc.kernels.task import compile_resources
+h200 = PROFILES["h200"]
+out = {}
+for name, d in json.loads(sys.stdin.read()).items():
+    spec = KernelSpec.from_dict(d)
+    fam = family_of(spec)
+    cfg = fam.default_config(spec, h200)
+    out[name] = compile_resources(fam.render(spec, cfg), spec, fam.check_dims(spec, cfg), h200).to_dict()
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", child], input=json.dumps(specs), capture_output=True, text=True,
+                          timeout=600, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, report in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        assert report["violations"] == [], f"{name}: {report['violations']}"
+        for kernel in report["kernels"]:
+            assert kernel["error"] is None, f"{name}: {kernel['error']}"
+            assert kernel["spill_bytes"] == 0 and kernel["regs"] <= 255, name
+            assert 0 <= kernel["shared_bytes"] <= H200.smem_per_block, name

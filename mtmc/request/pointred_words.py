@@ -46,7 +46,7 @@ _ACTIVATIONS = [
 _HARDTANH = (rf"\bhard[\s_-]?tanh\b{_V}min(?:_val)?{_EQ}(?P<lo>{NUM})\s*,?\s*(?:and\s+)?max(?:_val)?{_EQ}"
              rf"(?P<hi>{NUM})\s*\)?)?")
 _POWER = (rf"\b(?:to\s+the\s+power\s+(?:of\s+)?|raised\s+to\s+(?:the\s+power\s+(?:of\s+)?)?|pow(?:er)?\s*\(?\s*"
-          rf"(?:x\s*,\s*)?|\*\*\s*)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
+          rf"(?:x\s*,\s*)?|\bx\s*\*\*\s*)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
 _REDUCTIONS = [
     (r"\blog[\s_-]*sum[\s_-]*exp\w*\b|\blse\b", "logsumexp"),
     (r"\b(?:reduce[\s_-]*)?prod\b|(?<!cumulative\s)\bproduct\s+(?=(?:reduction|over|along|across|of\s+(?:each|every|all"
