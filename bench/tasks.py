@@ -26,3 +26,17 @@ POOLING_TASKS = [
     "adaptive avg pool to 7x7 on 256x512x56x56 fp16",
     "global average pooling over a 512x2048x14x14 bf16 tensor",
 ]
+
+# Activations and general reductions (memory-bound: judged on bandwidth at ~1-2 GB per pass).
+POINTRED_TASKS = [
+    "selu on a 16384x16384 fp32 tensor",
+    "softplus with beta 2 and threshold 10 on a 16384x16384 fp16 tensor",
+    "mish on a [64, 4096, 4096] bf16 tensor",
+    "elu with alpha 0.5 then hardswish on a 16384x16384 fp32 tensor",
+    "logsumexp over the last dim of a 65536x4096 fp16 tensor",
+    "product over each row of a 65536x1024 fp32 tensor",
+    "sum over dims 2 and 3 of a 128x256x64x64 fp32 tensor",
+    "max over dim 1 of a 128x4096x1024 fp16 tensor",
+    "argmax over dim 1 of a 64x4096x1024 fp32 tensor",
+    "row-wise sum of a 16384x16384 fp32 tensor then scale by 0.5",
+]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "elementwise": ("chain",),
-    "reduction": ("sum", "mean", "max", "min", "argmax", "argmin"),
+    "reduction": ("sum", "mean", "max", "min", "argmax", "argmin", "prod", "logsumexp"),
     "softmax": ("softmax", "log_softmax"),
     "norm": ("layernorm", "rmsnorm"),
     "matmul": ("matmul", "bmm"),

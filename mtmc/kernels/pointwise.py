@@ -8,8 +8,38 @@ with "every" and "period" in the step, a broadcast ("periodic") operand of `peri
 element i of x (row-major over the whole tensor) meets operand[(i // every) % period].  That is
 how a [C, 1, 1] bias or an [S, S] mask broadcasts over a larger tensor, read in place instead
 of expanded to full size.
+
+Two more kinds of step: "fork" ({"op": "fork", "binop": "mul", "left": [...], "right": [...]})
+is binop(left(x), right(x)) for a formula that reads x twice (x * clamp(x + 3, 0, 6) / 6); and
+the indexed steps (tril, triu) read each element's row and column, which only a kernel that
+defines `row_idx` and `col_idx` for its tile (the matmul epilogue) can give them.  Expressions
+of functions that overflow or cancel in fp32 (softplus, mish, ELU) use stable forms built from
+exp and arithmetic alone (_log1p_exp_neg, _expm1), accurate to ~1e-7 wherever the result is
+representable, with no reliance on libdevice's log1p/expm1.
 """
 from __future__ import annotations
+
+def _expm1(y: str) -> str:
+    """exp(y) - 1 without the cancellation near 0: a degree-7 Taylor polynomial for |y| < 0.5
+    (relative error < 2e-7), exp(y) - 1 elsewhere."""
+    poly = f"({y}) * (1.0 + ({y}) * (0.5 + ({y}) * (1.0 / 6 + ({y}) * (1.0 / 24 + ({y}) * (1.0 / 120 + ({y}) * (1.0 / 720 + ({y}) * (1.0 / 5040)))))))"
+    return f"tl.where(tl.abs({y}) < 0.5, {poly}, tl.exp({y}) - 1.0)"
+
+
+def _log1p_exp_neg(z: str) -> str:
+    """log(1 + exp(-|z|)) from exp and arithmetic only: with e = exp(-|z|) in (0, 1] and
+    t = e / (2 + e) <= 1/3, log1p(e) = 2 atanh(t), a series in t^2 <= 1/9 (relative error < 1e-7,
+    also where e is tiny and log(1 + e) would round to 0)."""
+    e = f"tl.exp(-tl.abs({z}))"
+    t = f"({e} / (2.0 + {e}))"
+    u = f"({t} * {t})"
+    series = f"(1.0 + {u} * (1.0 / 3 + {u} * (1.0 / 5 + {u} * (1.0 / 7 + {u} * (1.0 / 9 + {u} * (1.0 / 11 + {u} / 13))))))"
+    return f"(2.0 * {t} * {series})"
+
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+_RELU6_3 = "tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0)"
 
 # name -> (triton expression, torch expression); {x} is the running value.
 UNARY = {
@@ -26,6 +56,23 @@ UNARY = {
     "abs": ("tl.abs({x})", "torch.abs({x})"),
     "neg": ("(-{x})", "(-{x})"),
     "square": ("({x} * {x})", "({x} * {x})"),
+    "selu": (f"{SELU_SCALE!r} * tl.where({{x}} > 0.0, {{x}}, {SELU_ALPHA!r} * " + _expm1("tl.minimum({x}, 0.0)") + ")",
+             "torch.selu({x})"),
+    "hardsigmoid": (f"({_RELU6_3} / 6.0)", "torch.nn.functional.hardsigmoid({x})"),
+    "hardswish": (f"({{x}} * {_RELU6_3} / 6.0)", "torch.nn.functional.hardswish({x})"),
+    "softsign": ("({x} / (1.0 + tl.abs({x})))", "torch.nn.functional.softsign({x})"),
+    # x * tanh(softplus(x)) = x * n / (n + 2) with n = e^x (e^x + 2): no cancellation, and past
+    # x = 20 the factor is 1 in fp32 (e^x would overflow at 44)
+    "mish": ("{x} * tl.where({x} > 20.0, 1.0, (tl.exp(tl.minimum({x}, 20.0)) * (tl.exp(tl.minimum({x}, 20.0)) + 2.0))"
+             " / (tl.exp(tl.minimum({x}, 20.0)) * (tl.exp(tl.minimum({x}, 20.0)) + 2.0) + 2.0))",
+             "torch.nn.functional.mish({x})"),
+    "log_sigmoid": ("(tl.minimum({x}, 0.0) - " + _log1p_exp_neg("{x}") + ")", "torch.nn.functional.logsigmoid({x})"),
+    "log": ("tl.log({x})", "torch.log({x})"),
+    "sqrt": ("tl.sqrt({x})", "torch.sqrt({x})"),
+    "rsqrt": ("tl.math.rsqrt({x})", "torch.rsqrt({x})"),
+    "reciprocal": ("(1.0 / {x})", "torch.reciprocal({x})"),
+    "sign": ("tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, 0.0))", "torch.sign({x})"),
+    "erf": ("tl.math.erf({x})", "torch.erf({x})"),
 }
 # name -> (triton, torch); {v} is the step's scalar "value".
 SCALAR = {
@@ -34,7 +81,25 @@ SCALAR = {
     "leaky_relu": ("tl.where({x} >= 0.0, {x}, {x} * {v})", "torch.nn.functional.leaky_relu({x}, {v})"),
     "clamp_min": ("tl.maximum({x}, {v})", "torch.clamp({x}, min={v})"),
     "clamp_max": ("tl.minimum({x}, {v})", "torch.clamp({x}, max={v})"),
+    "elu": ("tl.where({x} > 0.0, {x}, {v} * " + _expm1("tl.minimum({x}, 0.0)") + ")",
+            "torch.nn.functional.elu({x}, {v})"),
+    # PyTorch's CELU: max(0, x) + min(0, alpha * (exp(x / alpha) - 1)), for either sign of alpha
+    "celu": ("(tl.maximum({x}, 0.0) + tl.minimum(0.0, {v} * " + _expm1("tl.minimum({x}, 0.0) / {v}") + "))",
+             "torch.celu({x}, {v})"),
+    # value is beta; above `threshold` (beta * x > threshold) PyTorch returns x itself
+    "softplus": ("tl.where({v} * {x} > {threshold}, {x}, (tl.maximum({v} * {x}, 0.0) + "
+                 + _log1p_exp_neg("{v} * {x}") + ") / {v})",
+                 "torch.nn.functional.softplus({x}, {v}, {threshold})"),
 }
+# Optional numeric keys of a step beside "value", with their defaults (formatted like {v}).
+EXTRA = {"softplus": {"threshold": 20.0}}
+# "pow": x ** value, written per exponent (pow_expr); the indexed steps keep the elements on one
+# side of the matrix diagonal `value` and zero the rest (torch.tril / torch.triu).
+POWER = {"pow": (None, "torch.pow({x}, {v})")}
+INDEXED = {"tril": ("tl.where(col_idx - row_idx <= {v}, {x}, 0.0)", "torch.tril({x}, int({v}))"),
+           "triu": ("tl.where(col_idx - row_idx >= {v}, {x}, 0.0)", "torch.triu({x}, int({v}))")}
+# A fork step's binop (two values of one element).
+FORK_BINOPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 # name -> (triton, torch); {y} is the operand tensor's value.
 BINARY = {
     "residual": ("({x} + {y})", "({x} + {y})"),
@@ -43,11 +108,14 @@ BINARY = {
     "mul": ("({x} * {y})", "({x} * {y})"),
     "maximum": ("tl.maximum({x}, {y})", "torch.maximum({x}, {y})"),
     "minimum": ("tl.minimum({x}, {y})", "torch.minimum({x}, {y})"),
+    "div": ("({x} / {y})", "({x} / {y})"),
+    "rdiv": ("({y} / {x})", "({y} / {x})"),
 }
 # "bias" adds a vector over the last dim; its operand is [N].
 VECTOR = {"bias": ("({x} + {y})", "({x} + {y})")}
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "leaky_relu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "leaky_relu", "elu", "selu", "celu",
+               "hardsigmoid", "hardswish", "softplus", "softsign", "mish", "log_sigmoid")
 
 # Local bounds on |d step / d x| (how an error in x grows through a step), as torch expressions
 # of the pre-step value x, the error scale s, the operand {y} and the step's {v}; steps not
@@ -56,11 +124,52 @@ ERROR_GAIN = {
     "gelu": "1.13 * s", "gelu_tanh": "1.13 * s", "silu": "1.1 * s", "sigmoid": "0.25 * s",
     "exp": "torch.exp(x) * s", "square": "(2 * x.abs() + s) * s",
     "scale": "abs({v}) * s", "leaky_relu": "max(1.0, abs({v})) * s", "mul": "s * {y}.abs()",
+    "elu": "max(1.0, abs({v})) * s", "selu": "1.7581 * s", "hardswish": "1.5 * s", "mish": "1.1 * s",
+    "log": "s / x.abs()", "sqrt": "0.5 * s / x.abs().sqrt()", "rsqrt": "0.5 * s * x.abs() ** -1.5",
+    "reciprocal": "s / (x * x)", "erf": "1.13 * s", "div": "s / {y}.abs()", "rdiv": "{y}.abs() * s / (x * x)",
+    "pow": "abs({v}) * (x.abs() + (s if {v} >= 1 else 0)) ** ({v} - 1) * s",
+    # sign jumps by up to 2 where x is within its error of 0: allow a flip there
+    "sign": "(x.abs() <= 0.05 * s) * 2e4",
 }
 
 
 def all_ops() -> set[str]:
-    return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR)
+    return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR) | set(POWER) | set(INDEXED) | {"fork"}
+
+
+def takes_value(op: str) -> bool:
+    return op in SCALAR or op in POWER or op in INDEXED
+
+
+def pow_expr(x: str, v: float) -> str:
+    """Triton x ** v: products for small integer powers (exact signs for negative x), sqrt for
+    0.5, exp(v * log(x)) otherwise (NaN for negative x, as in PyTorch)."""
+    if v == int(v) and 0 < abs(v) <= 8:
+        prod = " * ".join([x] * int(abs(v)))
+        return f"({prod})" if v > 0 else f"(1.0 / ({prod}))"
+    if v == 0:
+        return f"({x} * 0.0 + 1.0)"
+    if v == 0.5:
+        return f"tl.sqrt({x})"
+    return f"tl.exp({v!r} * tl.log({x}))"
+
+
+def uses_index(chain: list[dict]) -> bool:
+    """Whether a step needs each element's row and column (row_idx, col_idx in the kernel)."""
+    return any(step.get("op") in INDEXED or (step.get("op") == "fork" and uses_index(step["left"] + step["right"]))
+               for step in chain)
+
+
+def error_gain(step: dict, y: str | None = None) -> str | None:
+    """The torch expression of the error scale after `step` (ERROR_GAIN formatted for it), or
+    None when the step passes an error on at most unchanged.  A fork's gain is its measured
+    slope: a central difference at a thousandth of the error scale s, in float64."""
+    if step["op"] == "fork":
+        h = "(1e-3 * s + 1e-300)"
+        up, down = torch_expr([step], f"(x + {h})", {}), torch_expr([step], f"(x - {h})", {})
+        return f"({up} - {down}).abs() / (2 * {h}) * s"
+    gain = ERROR_GAIN.get(step["op"])
+    return gain.format(v=step.get("value"), y=y) if gain else None
 
 
 # The torch side of a periodic step; reference sources that use one include it.
@@ -75,18 +184,43 @@ def _periodic(f, x, y, every, period):
 '''
 
 
-def validate_chain(chain: list[dict]) -> None:
+def validate_chain(chain: list[dict], indexed: bool = False) -> None:
+    """ValueError with the reason when `chain` is not valid; `indexed`: the kernel gives steps
+    each element's row and column (tril, triu)."""
     for step in chain:
         op = step.get("op")
         if op not in all_ops():
             raise ValueError(f"unknown pointwise op {op!r}; known: {', '.join(sorted(all_ops()))}")
-        if op in SCALAR and not isinstance(step.get("value"), (int, float)):
+        if takes_value(op) and (isinstance(step.get("value"), bool) or not isinstance(step.get("value"), (int, float))):
             raise ValueError(f"pointwise op {op!r} needs a numeric 'value'")
+        for key in EXTRA.get(op, {}):
+            if key in step and (isinstance(step[key], bool) or not isinstance(step[key], (int, float))):
+                raise ValueError(f"pointwise op {op!r} needs a numeric {key!r}")
+        if op in ("elu", "celu", "softplus") and step["value"] == 0:
+            raise ValueError(f"{op} with {'beta' if op == 'softplus' else 'alpha'} 0 is undefined")
+        if op in INDEXED and not indexed:
+            raise ValueError(f"{op} needs each element's row and column: it fuses into a matmul epilogue only")
+        if op in INDEXED and step["value"] != int(step["value"]):
+            raise ValueError(f"{op} takes an integer diagonal, got {step['value']!r}")
+        if op == "fork":
+            _validate_fork(step, indexed)
         if "every" in step or "period" in step:
             ints = [step.get(k) for k in ("every", "period")]
             if op not in BINARY or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in ints):
                 raise ValueError(f"a periodic operand needs a two-operand op and positive integers "
                                  f"'every' and 'period'; got {step}")
+
+
+def _validate_fork(step: dict, indexed: bool) -> None:
+    if step.get("binop") not in FORK_BINOPS:
+        raise ValueError(f"a fork step's binop must be one of {', '.join(FORK_BINOPS)}; got {step.get('binop')!r}")
+    for side in ("left", "right"):
+        sub = step.get(side)
+        if not isinstance(sub, list) or not all(isinstance(s, dict) for s in sub):
+            raise ValueError(f"a fork step's {side!r} must be a list of steps")
+        if any(operand_kind(s) for s in sub):
+            raise ValueError("a fork step's branches read no other tensor")
+        validate_chain(sub, indexed)
 
 
 def is_periodic(step: dict) -> bool:
@@ -118,8 +252,15 @@ def _expr(table_index: int, chain: list[dict], x: str, operand_names: dict[int, 
         op = step["op"]
         if op in UNARY:
             x = UNARY[op][table_index].format(x=x)
-        elif op in SCALAR:
-            x = SCALAR[op][table_index].format(x=x, v=repr(float(step["value"])))
+        elif op in SCALAR or op in INDEXED:
+            extra = {k: repr(float(step.get(k, d))) for k, d in EXTRA.get(op, {}).items()}
+            table = SCALAR if op in SCALAR else INDEXED
+            x = table[op][table_index].format(x=x, v=repr(float(step["value"])), **extra)
+        elif op == "pow":
+            x = pow_expr(x, float(step["value"])) if table_index == 0 else f"torch.pow({x}, {float(step['value'])!r})"
+        elif op == "fork":
+            left, right = (_expr(table_index, step[k], x, {}) for k in ("left", "right"))
+            x = BINARY[step["binop"]][table_index].format(x=left, y=right)
         elif op in BINARY and is_periodic(step) and table_index == 1:
             f = BINARY[op][1].format(x="a", y="b")
             x = f"_periodic(lambda a, b: {f}, {x}, {operand_names[i]}, {step['every']}, {step['period']})"
@@ -163,6 +304,10 @@ def reference_helpers(chain: list[dict]) -> str:
 def describe_chain(chain: list[dict]) -> str:
     parts = []
     for step in chain:
+        if step["op"] == "fork":
+            left, right = (describe_chain(step[k]) if step[k] else "x" for k in ("left", "right"))
+            parts.append(f"{step['binop']}({left}, {right})")
+            continue
         if is_periodic(step):
             parts.append(f"{step['op']}(broadcast of {step['period']})")
             continue

@@ -47,10 +47,11 @@ import triton.language as tl  # noqa: E402
 
 
 def _mtmc_reduced_shape(shape, dim, keepdim):
-    """The shape a reduction over `dim` (None: every dim) leaves."""
+    """The shape a reduction over `dim` (an int, a list of dims, None: every dim) leaves."""
     if dim is None:
         return (1,) * len(shape) if keepdim else ()
-    return tuple(1 if i == dim else s for i, s in enumerate(shape) if keepdim or i != dim)
+    dims = dim if isinstance(dim, list) else [dim]
+    return tuple(1 if i in dims else s for i, s in enumerate(shape) if keepdim or i not in dims)
 '''
 
 
@@ -120,7 +121,9 @@ def _view(v: str, view: dict) -> str:
     if kind == "rows":
         code = f"{v}.reshape(-1, {v}.shape[-1])"
     elif kind == "strided":  # the kernel reads the [outer, dim, inner] buffer as it lies
-        code = f"{v}.contiguous().reshape(-1, {v}.shape[{view['dim']}])"
+        d = view["dim"]   # one dim, or a run of neighbouring dims reduced as one
+        size = f"{v}.shape[{d[0]}:{d[-1] + 1}].numel()" if isinstance(d, list) else f"{v}.shape[{d}]"
+        code = f"{v}.contiguous().reshape(-1, {size})"
     elif kind == "flat":
         code = f"{v}.reshape(1, -1)"
     elif kind == "periodic":  # a broadcast operand, flat in its own row-major order

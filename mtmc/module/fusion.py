@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import conv_fusion, pool_fusion
+from mtmc.kernels import pointwise
+from mtmc.module import conv_fusion, pointwise_fusion, pool_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -116,7 +117,7 @@ class _Builder:
                 self.guards.append(g)
 
 
-_BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum"}
+_BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 
 
 class Partitioner:
@@ -185,6 +186,8 @@ class Partitioner:
         if self.g.tensor(node) != (full_shape, b.dtype):
             return None
         if s.binop is None:
+            if pointwise.uses_index(s.steps):  # tril/triu: a matmul epilogue only (its own hook)
+                return None
             return list(s.steps) if s.inputs and s.inputs[0] == NodeRef(running) else None
         x, y = s.inputs
         first = x == NodeRef(running)
@@ -196,7 +199,7 @@ class Partitioner:
         t = self.g.tensor(other) if isinstance(other, NodeRef) else None
         if t is None:
             return self._scalar_step(s.binop, other, first, b)
-        if other.name in b.nodes or t[1] != b.dtype or s.binop == "div":
+        if other.name in b.nodes or t[1] != b.dtype:
             return None
         oshape = t[0]
         if oshape != full_shape:
@@ -220,6 +223,8 @@ class Partitioner:
         pattern = pattern or {}
         if s.binop == "sub" and not first:
             return [{"op": "neg"}, {"op": "add", **pattern}]
+        if s.binop == "div" and not first:
+            return [{"op": "rdiv", **pattern}]
         return [{"op": _BINOP_STEP[s.binop], **pattern}]
 
     def _scalar_step(self, binop: str, other, first: bool, b: _Builder) -> list[dict] | None:
@@ -234,6 +239,8 @@ class Partitioner:
             steps = [{"op": "scale", "value": num}]
         elif binop == "div" and first and num != 0:
             steps = [{"op": "scale", "value": 1.0 / num}]
+        elif binop == "div" and not first:
+            steps = [{"op": "reciprocal"}, {"op": "scale", "value": num}]
         else:
             return None
         b.guard(other, num)
@@ -329,11 +336,14 @@ class Partitioner:
         if a.family == "reduction" and a.dim is None:
             main_view, dims = {"view": "flat"}, {"M": 1, "N": math.prod(shape)}
         elif a.family == "reduction":
+            lo, hi = (a.dim[0], a.dim[-1]) if isinstance(a.dim, list) else (a.dim, a.dim)  # a run of dims is one
             main_view = {"view": "rows", "contiguous": True}
-            dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
-            if a.dim != len(shape) - 1:  # reduce in place over a middle dim: no transposed copy of x
+            dims = {"M": math.prod(shape) // math.prod(shape[lo:hi + 1]), "N": math.prod(shape[lo:hi + 1])}
+            if hi != len(shape) - 1:  # reduce in place over a middle dim: no transposed copy of x
                 main_view = {"view": "strided", "dim": a.dim}
-                inner = math.prod(shape[a.dim + 1:])
+                inner = math.prod(shape[hi + 1:])
+            elif lo != hi:   # the last few dims: rows of their product
+                main_view = {"view": "strided", "dim": a.dim}
         else:
             main_view, dims = {"view": "rows", "contiguous": True}, {"M": math.prod(shape) // shape[-1], "N": shape[-1]}
         # vector operands run along the kernel's last dim: only when x's last dim stays last
@@ -355,6 +365,8 @@ class Partitioner:
         epilogue, last = [], a.out
         if a.family != "reduction":
             epilogue, last = self._extend(a.out, b, shape, full, vector_ok)
+        elif a.op not in ("argmax", "argmin"):   # operand-free steps on the reduced values
+            epilogue, last = pointwise_fusion.reduction_epilogue(self, a.out, b)
         params = dict(a.params)
         if inner > 1:
             params["inner"] = inner
@@ -381,7 +393,10 @@ class Partitioner:
         if built is None:
             return
         b, epilogue = built
-        more, last = self._extend(name, b, [*sa[:-1], n_dim], {"view": "like", "of": "out"}, vector_ok=True)
+        out_shape = [*sa[:-1], n_dim]
+        more, last = self._extend(name, b, out_shape, {"view": "like", "of": "out"}, vector_ok=True,
+                                  first=lambda node, running: pointwise_fusion.matmul_index_step(
+                                      self, node, running, out_shape, batched))
         epilogue += more
         if batched:
             dims = {"B": math.prod(sa[:-2]), "M": sa[-2], "N": n_dim, "K": sa[-1]}
@@ -443,6 +458,7 @@ class Partitioner:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
         self._silu_patterns()
+        pointwise_fusion.collapse(self)   # formulas reading one value twice (hand-written hardswish)
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mtmc.kernels.spec import DTYPES
+from mtmc.module import activations
 from mtmc.module.fxjson import arg_nodes, decode_arg, target_name
 
 
@@ -124,6 +125,10 @@ UNARY_MODULES = {_cls(c): op for c, op in [
     (nn.LeakyReLU, "leaky_relu"), (nn.ReLU6, "relu6"), (nn.Hardtanh, "hardtanh"), (nn.Identity, "identity"),
     (nn.Dropout, "dropout"),
 ]}
+# more activations and pointwise math (module.activations)
+UNARY_FUNCTIONS.update(activations.FUNCTIONS)
+UNARY_METHODS.update(activations.METHODS)
+UNARY_MODULES.update(activations.MODULES)
 BINARY_FUNCTIONS = {q(f): op for f, op in [
     (operator.add, "add"), (torch.add, "add"), (operator.sub, "sub"), (torch.sub, "sub"),
     (operator.mul, "mul"), (torch.mul, "mul"), (operator.truediv, "div"), (torch.div, "div"),
@@ -136,9 +141,10 @@ LINEAR_FUNCTION = q(F.linear)
 EINSUM = q(torch.einsum)
 REDUCE_FUNCTIONS = {q(f): op for f, op in [
     (torch.sum, "sum"), (torch.mean, "mean"), (torch.amax, "max"), (torch.amin, "min"), (torch.max, "max"),
-    (torch.min, "min"), (torch.argmax, "argmax"), (torch.argmin, "argmin")]}
+    (torch.min, "min"), (torch.argmax, "argmax"), (torch.argmin, "argmin"), (torch.prod, "prod"),
+    (torch.logsumexp, "logsumexp")]}
 REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
-                  "argmax": "argmax", "argmin": "argmin"}
+                  "argmax": "argmax", "argmin": "argmin", "prod": "prod", "logsumexp": "logsumexp"}
 SOFTMAX_FUNCTIONS = {q(F.softmax): "softmax", q(torch.softmax): "softmax",
                      q(F.log_softmax): "log_softmax", q(torch.log_softmax): "log_softmax"}
 SOFTMAX_MODULES = {_cls(nn.Softmax): "softmax", _cls(nn.LogSoftmax): "log_softmax"}
@@ -236,7 +242,7 @@ class Classifier:
         inplace = bool(method and method.endswith("_") and method[:-1] in {**UNARY_METHODS, **BINARY_METHODS})
         if inplace:
             method = method[:-1]
-        if inplace or kwargs.get("inplace"):
+        if inplace or kwargs.get("inplace") or fn in activations.INPLACE_FUNCTIONS:
             self._check_inplace(args[0])
         if fn in UNARY_FUNCTIONS or method in UNARY_METHODS:
             return self._unary(UNARY_FUNCTIONS.get(fn) or UNARY_METHODS[method], name, args, kwargs)
@@ -280,6 +286,11 @@ class Classifier:
 
     def _unary(self, op: str, name: str, args: tuple, kwargs: dict) -> Pointwise:
         x = args[0]
+        if op in activations.PARAMS:
+            try:
+                return Pointwise([x], activations.call_steps(op, args, kwargs))
+            except ValueError as e:
+                raise Reject(str(e)) from None
         if op == "gelu":
             approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
             return Pointwise([x], [{"op": "gelu_tanh" if approx == "tanh" else "gelu"}])
@@ -302,10 +313,12 @@ class Classifier:
                     ([{"op": "clamp_max", "value": float(hi)}] if hi is not None else [])
             return Pointwise([x], steps)
         if op == "pow":
-            exponent = _arg(args, kwargs, 1, "exponent")
-            if self.g.number(exponent) != 2.0 or not isinstance(exponent, (int, float)):
-                raise Reject("only the power 2 is fused")
-            return Pointwise([x], [{"op": "square"}])
+            if not isinstance(x, NodeRef):
+                raise Reject("a number raised to a tensor power is not fused")
+            try:
+                return Pointwise([x], activations.pow_steps(_arg(args, kwargs, 1, "exponent")))
+            except ValueError as e:
+                raise Reject(str(e)) from None
         if op == "dropout":
             p, training = _arg(args, kwargs, 1, "p", 0.5), _arg(args, kwargs, 2, "training", True)
             if p and training:
@@ -355,6 +368,11 @@ class Classifier:
                 return Pointwise([x])
             if op == "identity":
                 return Pointwise([x])
+            if op in activations.PARAMS:
+                try:
+                    return Pointwise([x], activations.module_steps(op, attrs))
+                except ValueError as e:
+                    raise Reject(str(e)) from None
             return Pointwise([x], [{"op": op}])
         return next((a for p in self.plugins if (a := p.classify_module(self, name, target, info, x)) is not None),
                     None)
@@ -439,16 +457,13 @@ class Classifier:
             raise Reject(f"{op} with a dtype= cast is not fused")
         dim = _arg(args, kwargs, 1, "dim")
         keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
-        if isinstance(dim, (tuple, list)):
-            if len(dim) != 1:
-                raise Reject(f"{op} over several dims is not fused")
-            dim = dim[0]
-        if dim is not None and not isinstance(dim, int):
-            raise Reject(f"{op} over a computed dim is not fused")
         if not shape or math.prod(shape) == 0:
             raise Reject(f"{op} of an empty or 0-d tensor")
-        anchor = Anchor("reduction", op, x, dim=None if dim is None else dim % len(shape), keepdim=keepdim,
-                        out=name, replaces=[name])
+        try:   # an int, a run of neighbouring dims [lo, ..., hi], or None (every dim)
+            dim = activations.reduced_dims(op, dim, len(shape))
+        except ValueError as e:
+            raise Reject(str(e)) from None
+        anchor = Anchor("reduction", op, x, dim=dim, keepdim=keepdim, out=name, replaces=[name])
         value = self.g.by_name[name]["value"]
         if "seq" in value:  # max/min with a dim: (values, indices)
             users = self.g.users[name]

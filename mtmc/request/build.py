@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from mtmc.kernels.ops import FAMILY_OPS
+from mtmc.kernels import pointwise
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.reading import (
     DEFAULT_BMM, DEFAULT_SIZE, _AFTER, _BOUNDARY, _Ctx, _Fail, _Item, _SEQ, _SIZE_NAMES, _rx,
@@ -210,13 +211,15 @@ def _build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
     core, pre, post = _around_core(ctx)
     _values(ctx, "reduction")
     loose = [it for it in post if not _binds_to_input(ctx, core, it)]
-    if loose:
-        raise _Fail(f"a reduction kernel takes no ops after it yet ('{loose[0].words}' comes after the "
-                    f"{op}); ops on its input are fine, e.g. 'sum of squares'.")
-    chain = _steps(pre + post)
+    epilogue = _steps(loose)   # after the result: steps without another tensor ("then scale by 0.5")
+    if any(pointwise.operand_kind(s) for s in epilogue) or (epilogue and op in ("argmax", "argmin")):
+        raise _Fail(f"a reduction kernel takes only steps without another tensor after it ('{loose[0].words}' "
+                    f"comes after the {op}), and none after an index; ops on its input are fine, e.g. 'sum of squares'.")
+    chain = _steps([it for it in pre + post if it not in loose])
     if ctx.reduce_dim is None:
         ctx.assume(f"no axis given: {op} over the last dim (one result per row), not over all elements")
-    return _row_spec(ctx, "reduction", op, {"prologue": chain} if chain else {})
+    params = {**({"prologue": chain} if chain else {}), **({"epilogue": epilogue} if epilogue else {})}
+    return _row_spec(ctx, "reduction", op, params)
 
 
 def _build_norm(ctx: _Ctx, op: str) -> KernelSpec:

@@ -27,6 +27,7 @@ from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
+from mtmc.request.pointred_words import build_reduction, read_pointred, reduces_other_dims
 from mtmc.request.formulas import _read_formulas
 from mtmc.request.pool_words import build_pool, read_pool
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
@@ -76,6 +77,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
     read_pool(ctx)   # a pooling's own words (window, stride ...)
+    read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -84,7 +86,10 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    spec = ({"conv": build_conv, "pool": build_pool}.get(family) or _BUILDERS[family])(ctx, op)
+    build = {"conv": build_conv, "pool": build_pool}.get(family) or _BUILDERS[family]
+    if family == "reduction" and reduces_other_dims(ctx):
+        build = build_reduction
+    spec = build(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from mtmc.kernels import pointwise
-from mtmc.kernels.families.elementwise import INTERPRETED_SOURCE, interpreter_ints
+from mtmc.kernels.families.elementwise import INTERPRETED_SOURCE, interpreter_ints, step_lines
 from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, PROGRAMS_PER_SM, Family, TensorArg, small_dim
 from mtmc.kernels.spec import DTYPES, KernelSpec
 
@@ -145,14 +145,10 @@ class Rows:
 
     def ref_prologue(self) -> list[str]:
         """Lines turning `x` into the op's input inside a reference function."""
-        if not self.prologue:
-            return []
-        return [f"x = {pointwise.torch_expr(self.prologue, 'x', self.step_names(self.pro_operands))}"]
+        return step_lines(self.prologue, "x", self.step_names(self.pro_operands), pointwise.torch_expr)
 
     def ref_epilogue(self, var: str) -> list[str]:
-        if not self.epilogue:
-            return []
-        return [f"{var} = {pointwise.torch_expr(self.epilogue, var, self.step_names(self.epi_operands))}"]
+        return step_lines(self.epilogue, var, self.step_names(self.epi_operands), pointwise.torch_expr)
 
     def ref_sources(self, op_lines: list[str], scale_lines: list[str]) -> str:
         """`reference`: prologue, op_lines (leaving the op's output y), epilogue.
@@ -166,8 +162,8 @@ class Rows:
             if gain and pointwise.is_periodic(step) and "{y}" in gain:  # the operand broadcasts over s
                 f = gain.format(v=step.get("value"), y="b")
                 carry.append(f"s = _periodic(lambda s, b: {f}, s, {names[i]}, {step['every']}, {step['period']})")
-            elif gain:
-                carry.append("s = " + gain.format(v=step.get("value"), y=names.get(i)))
+            elif pointwise.error_gain(step, names.get(i)):
+                carry.append("s = " + pointwise.error_gain(step, names.get(i)))
             carry.append(f"x = {pointwise.torch_expr([step], 'x', {0: names[i]} if i in names else {})}")
         scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
         return self.helpers() + reference + "\n\n" + scale
@@ -376,8 +372,7 @@ class RowTemplate:
         padding columns to `fill`, the value that cannot change the row's result."""
         chain = self.rows.prologue + list(extra_steps)
         lines = [self.load_full("x"), *self._load_operands(self.rows.pro_operands)]
-        if chain:
-            lines.append(f"x = {pointwise.triton_expr(chain, 'x', Rows.step_names(self.rows.pro_operands))}")
+        lines += step_lines(chain, "x", Rows.step_names(self.rows.pro_operands))
         if chain or fill != "0.0":
             lines.append(f"x = tl.where(col_mask[None, :], x, {fill})  # padding must not change the result")
         return lines
@@ -386,8 +381,7 @@ class RowTemplate:
         if not self.rows.epilogue:
             return []
         names = Rows.step_names(self.rows.epi_operands)
-        return [*self._load_operands(self.rows.epi_operands),
-                f"{var} = {pointwise.triton_expr(self.rows.epilogue, var, names)}"]
+        return [*self._load_operands(self.rows.epi_operands), *step_lines(self.rows.epilogue, var, names)]
 
     def store(self, var: str) -> str:
         if self.out_rows_only:

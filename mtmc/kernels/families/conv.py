@@ -218,9 +218,9 @@ class ConvFamily(Family):
         scale = [signature("error_scale", args), *views, *indent(self.torch_call(spec, "x.abs()", "w.abs()", "s")),
                  *indent(self.torch_call(spec, "x", "w", "x"))]
         for i, (step, line) in enumerate(zip(epi, epi_lines)):
-            gain = pointwise.ERROR_GAIN.get(step["op"])
+            gain = pointwise.error_gain(step, names.get(i))
             if gain:
-                scale.append("    s = " + gain.format(v=step.get("value"), y=names.get(i)))
+                scale.append("    s = " + gain)
             scale.append("    " + line)
         factor = f" * {TF32_SCALE}" if spec.params.get("allow_tf32") else ""
         scale.append(f"    return (s + x.abs()){factor}")

@@ -107,7 +107,7 @@ class MatmulFamily(Family):
         epi = spec.params.get("epilogue", [])
         if not isinstance(epi, list):
             raise ValueError("the matmul epilogue must be a list of pointwise steps")
-        pointwise.validate_chain(epi)
+        pointwise.validate_chain(epi, indexed=True)   # the tile knows each element's row and column
         if pointwise.uses_periodic(epi):
             raise ValueError("matmul epilogues take full or [N] operands, not broadcast (periodic) ones")
 
@@ -134,9 +134,9 @@ class MatmulFamily(Family):
         scale = [signature("error_scale", args), f"    x = torch.matmul(a, {b})",
                  f"    s = torch.matmul(a.abs(), {b}.abs())"]
         for i, (step, line) in enumerate(zip(epi, step_lines(epi, "x", names, pointwise.torch_expr))):
-            gain = pointwise.ERROR_GAIN.get(step["op"])
+            gain = pointwise.error_gain(step, names.get(i))
             if gain:
-                scale.append("    s = " + gain.format(v=step.get("value"), y=names.get(i)))
+                scale.append("    s = " + gain)
             scale.append("    " + line)
         scale.append("    return s + x.abs()")
         return "\n".join(reference) + "\n\n\n" + "\n".join(scale) + "\n"
@@ -146,6 +146,8 @@ class MatmulFamily(Family):
         space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
                  "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 2, 4, 8, 16], "SPLIT_K": [1, 2, 4, 8, 16],
                  "PERSISTENT": [False, True], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5, 6]}
+        if pointwise.uses_index(self.epilogue(spec)):
+            space["SPLIT_K"] = [1]   # tril/triu need the tile's rows and columns: no flat split-K epilogue
         if spec.dtype == "float32":
             # fp32 accuracy either way: IEEE FMAs, or three TF32 tensor-core products (sm_80+)
             space["PRECISION"] = list(FP32_PRECISIONS)
@@ -166,7 +168,8 @@ class MatmulFamily(Family):
         # Few tiles but a long K: split K until about one program per SM, keeping >= 4 chunks each.
         sms = getattr(hw, "sms", 132)
         split = 1
-        while split < 16 and tiles * split * 2 <= sms and k >= split * 2 * 4 * bk:
+        while (split < 16 and tiles * split * 2 <= sms and k >= split * 2 * 4 * bk
+               and not pointwise.uses_index(self.epilogue(spec))):
             split *= 2
         # Warps: 4 drive a 128x128 tensor-core tile; the fp32 FMA path wants 8 there (64
         # accumulators a thread; measured on an H200 at 4096^3: 44 vs 33 TFLOP/s).
@@ -242,6 +245,8 @@ class MatmulFamily(Family):
             loads = operand_loads(epi, "tile_off + local", "off_n + rn[None, :]", "mask", "mask_n[None, :]")
             body += ["tile_off = (bid * M + off_m) * N + off_n",
                      *(["# epilogue on the fp32 tile"] if epi else []),
+                     *(["row_idx = off_m + rm[:, None]  # each element's row and column (tril/triu)",
+                        "col_idx = off_n + rn[None, :]"] if pointwise.uses_index(epi) else []),
                      "x = acc", *chain_lines(epi, loads),
                      "tl.store(out_ptr + tile_off + local, x.to(out_ptr.dtype.element_ty), mask=mask)"]
         if cfg["PERSISTENT"]:

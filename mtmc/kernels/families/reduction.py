@@ -1,11 +1,16 @@
-"""Row reductions: sum, mean, max, min, argmax, argmin over the last dim of x [M, N] -> [M], or
-over the middle dim of x's buffer seen as [M / inner, N, inner] (params "inner", see _rows).
+"""Row reductions: sum, mean, max, min, argmax, argmin, prod, logsumexp over the last dim of
+x [M, N] -> [M], or over the middle dim of x's buffer seen as [M / inner, N, inner] (params
+"inner", see _rows; several neighbouring dims of a tensor are one N), with a pointwise prologue
+on x and an epilogue of operand-free steps on the result (x.sum(-1) * s, logsumexp then relu).
 
 Looped kernels keep a [ROWS_PER_PROG, BLOCK_N] accumulator (one running value per lane) and
-reduce it across lanes once at the end, so each chunk costs only elementwise work.
+reduce it across lanes once at the end, so each chunk costs only elementwise work.  logsumexp is
+stable: the row's max comes out before the exponentials (single pass), or each lane keeps a
+running max and rescales its running sum when the max grows (looped, one read of x).
 """
 from __future__ import annotations
 
+from mtmc.kernels import pointwise
 from mtmc.kernels.families import _rows
 from mtmc.kernels.family import TensorArg
 from mtmc.kernels.ops import FAMILY_OPS
@@ -14,9 +19,18 @@ from mtmc.kernels.spec import KernelSpec
 INDEX_OPS = {"argmax": "max", "argmin": "min"}
 # Padding value that can never win or count, per op.
 FILL = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")', "min": 'float("inf")',
-        "argmax": 'float("-inf")', "argmin": 'float("inf")'}
+        "argmax": 'float("-inf")', "argmin": 'float("inf")', "prod": "1.0", "logsumexp": 'float("-inf")'}
 TORCH = {"sum": "torch.sum", "mean": "torch.mean", "max": "torch.amax", "min": "torch.amin",
-         "argmax": "torch.argmax", "argmin": "torch.argmin"}
+         "argmax": "torch.argmax", "argmin": "torch.argmin", "prod": "torch.prod", "logsumexp": "torch.logsumexp"}
+# A product's tiny values underflow in the output dtype: its smallest normal, over the dtype's
+# tolerance, is the least error scale (so a flushed 1e-40 is not a wrong value).
+PROD_FLOOR = {"float32": 1.2e-34, "float16": 0.0123, "bfloat16": 4e-37}
+# tl has no product reduction: the combine function for tl.reduce.
+MUL_SOURCE = '''
+@triton.jit
+def _mul(a, b):
+    return a * b
+'''
 
 # Judges argmax/argmin: any index whose value equals the row's extreme (within tol times the
 # row's largest |value|, for prologue arithmetic done in fp32) is right; ties are common in fp16.
@@ -51,7 +65,12 @@ class ReductionFamily(_rows.RowFamily):
 
     def validate(self, spec: KernelSpec) -> None:
         super().validate(spec)
-        _rows.validate_rows(spec, {"prologue", "inner"}, epilogue=False)
+        _rows.validate_rows(spec, {"prologue", "inner", "epilogue"}, epilogue=True)
+        epi = spec.params.get("epilogue", [])
+        if any(pointwise.operand_kind(step) for step in epi):
+            raise ValueError("a reduction's epilogue takes steps without another tensor (scale, relu ...)")
+        if epi and spec.op in INDEX_OPS:
+            raise ValueError(f"{spec.op} returns indices: no epilogue after it")
 
     def output(self, spec: KernelSpec) -> TensorArg:
         return TensorArg("out", ("M",), "int64" if spec.op in INDEX_OPS else None)
@@ -59,11 +78,20 @@ class ReductionFamily(_rows.RowFamily):
     def reference_source(self, spec: KernelSpec) -> str:
         rows = self.layout(spec)
         flat = ".reshape(-1)" if rows.inner > 1 else ""  # [P, Q] results in the kernel's row order
-        parts = [rows.ref_function("reference", [f"return {TORCH[spec.op]}(x, dim={rows.red_dim}){flat}"])]
+        y = [f"y = {TORCH[spec.op]}(x, dim={rows.red_dim}){flat}"]
         if spec.op in ("sum", "mean"):
             # accumulation-order error grows with the sum of |x|, not with |sum x|
             reduce = "sum" if spec.op == "sum" else "mean"
-            parts.append(rows.ref_function("error_scale", [f"return x.abs().{reduce}(dim={rows.red_dim}){flat}"]))
+            scale = [f"s = x.abs().{reduce}(dim={rows.red_dim}){flat}"]
+        elif spec.op == "logsumexp":   # an error relative to the sum of exponentials, plus x's rounding
+            scale = [f"s = 1.0 + x.abs().amax(dim={rows.red_dim}){flat}"]
+        elif spec.op == "prod":
+            scale = [f"s = y.abs() + {PROD_FLOOR[spec.dtype]!r}"]
+        else:
+            scale = ["s = y.abs()"]
+        if spec.op not in INDEX_OPS:
+            return rows.ref_sources(y, scale)   # with the helpers, and s carried through the epilogue
+        parts = [rows.ref_function("reference", [*y, "return y"])]
         if spec.op in INDEX_OPS:
             tol = 1e-5 if rows.prologue else 0.0   # no prologue: the kernel compares exact values
             largest = INDEX_OPS[spec.op] == "max"
@@ -78,16 +106,24 @@ class ReductionFamily(_rows.RowFamily):
         body = _single_pass(spec.op, t, load) if t.single else _looped(spec.op, t, load)
         title = (f"{spec.op} over the last dim of x [M, N] -> out [M]" if not t.strided
                  else f"{spec.op} over dim 1 of x [M / Q, N, Q] -> out [M]")
-        return t.module(title, body + [t.store("value")])
+        source = t.module(title, body + t.epilogue("value") + [t.store("value")])
+        if spec.op == "prod":   # the combine function goes before the kernel that calls it
+            source = source.replace("@triton.jit", MUL_SOURCE.strip("\n") + "\n\n\n@triton.jit", 1)
+        return source
 
     def work(self, spec: KernelSpec) -> tuple[float, float]:
-        return self.layout(spec).work(1.0, self.output(spec))
+        return self.layout(spec).work(3.0 if spec.op == "logsumexp" else 1.0, self.output(spec))
 
 
 
 def _single_pass(op: str, t: _rows.RowTemplate, load: list[str]) -> list[str]:
+    if op == "logsumexp":
+        return t.chunks([*load, "row_max = tl.max(x, axis=1)",
+                         "shift = tl.where(row_max == float(\"-inf\"), 0.0, row_max)  # a row of -inf stays -inf",
+                         "value = shift + tl.log(tl.sum(tl.exp(x - shift[:, None]), axis=1))"])
     reduce = {"sum": "tl.sum(x, axis=1)", "mean": "tl.sum(x, axis=1) / N", "max": "tl.max(x, axis=1)",
-              "min": "tl.min(x, axis=1)", "argmax": "tl.argmax(x, axis=1)", "argmin": "tl.argmin(x, axis=1)"}[op]
+              "min": "tl.min(x, axis=1)", "argmax": "tl.argmax(x, axis=1)", "argmin": "tl.argmin(x, axis=1)",
+              "prod": "tl.reduce(x, 1, _mul)"}[op]
     return t.chunks([*load, f"value = {reduce}"])
 
 
@@ -97,6 +133,19 @@ def _looped(op: str, t: _rows.RowTemplate, load: list[str]) -> list[str]:
         init = [f"acc = tl.zeros({tile}, dtype=tl.float32)"]
         step = ["acc += x"]
         final = ["value = tl.sum(acc, axis=1)" + (" / N" if op == "mean" else "")]
+    elif op == "prod":
+        init = [f"acc = tl.full({tile}, 1.0, tl.float32)"]
+        step = ["acc *= x"]
+        final = ["value = tl.reduce(acc, 1, _mul)"]
+    elif op == "logsumexp":   # per lane: running max m and sum of exp(x - m), rescaled as m grows
+        init = [f"m = tl.full({tile}, float(\"-inf\"), tl.float32)", f"acc = tl.zeros({tile}, dtype=tl.float32)"]
+        step = ["new_m = tl.maximum(m, x)",
+                "shift = tl.where(new_m == float(\"-inf\"), 0.0, new_m)  # no -inf - -inf",
+                "acc = acc * tl.exp(m - shift) + tl.exp(x - shift)",
+                "m = new_m"]
+        final = ["row_max = tl.max(m, axis=1)",
+                 "row_shift = tl.where(row_max == float(\"-inf\"), 0.0, row_max)",
+                 "value = row_shift + tl.log(tl.sum(acc * tl.exp(m - row_shift[:, None]), axis=1))"]
     elif op in ("max", "min"):
         init = [f"acc = tl.full({tile}, {FILL[op]}, tl.float32)"]
         step = [f"acc = tl.{'maximum' if op == 'max' else 'minimum'}(acc, x)"]
