@@ -13,4 +13,7 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "norm": ("layernorm", "rmsnorm"),
     "matmul": ("matmul", "bmm"),
     "conv": ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
+    "scan": ("cumsum", "cumprod"),
+    "loss": ("mse", "l1", "smooth_l1", "huber", "kl_div", "hinge_embedding", "total",
+             "cross_entropy", "triplet_margin", "cosine_similarity", "cosine_embedding"),
 }
