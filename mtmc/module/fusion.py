@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import conv_fusion
+from mtmc.module import conv_fusion, loss_fusion, scan_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -116,13 +116,15 @@ class _Builder:
                 self.guards.append(g)
 
 
+# modules classifying and building more anchors: convolutions, scans, losses
+PLUGINS = (conv_fusion, scan_fusion, loss_fusion)
 _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum"}
 
 
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g, plugins=(conv_fusion,))
+        classify = Classifier(self.g, plugins=PLUGINS)
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -169,6 +171,10 @@ class Partitioner:
         module, _, name = ref["attr"].rpartition(".")
         p = self.g.modules.get(module, {}).get("params", {}).get(name)
         return (list(p["shape"]), p["dtype"]) if p else None
+
+    def builder(self, main: NodeRef, dtype: str) -> _Builder:
+        """A new group's builder, `main` its first argument (for plugins' groups)."""
+        return _Builder(self.g, main, dtype)
 
     def _single_user(self, name: str) -> str | None:
         users = self.g.users[name]
@@ -436,10 +442,14 @@ class Partitioner:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
         self._silu_patterns()
+        for plugin in PLUGINS:   # forms a plugin recognises across several nodes (a hand-written loss)
+            getattr(plugin, "patterns", lambda p: None)(self)
+        builds = {"matmul": self._matmul_group, "conv": self._conv_group,
+                  "scan": lambda n, a: scan_fusion.build(self, n, a), "loss": lambda n, a: loss_fusion.build(self, n, a)}
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                build = {"matmul": self._matmul_group, "conv": self._conv_group}.get(a.family, self._rows_group)
+                build = builds.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)

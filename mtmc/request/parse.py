@@ -30,6 +30,7 @@ from mtmc.request.conv_words import build_conv, read_conv
 from mtmc.request.formulas import _read_formulas
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
+from mtmc.request.scanloss_words import build_scanloss, read_scanloss
 from mtmc.request.words import _check_clauses, _check_leftovers, _check_tensor_count, _read_axis, _read_words
 
 
@@ -74,6 +75,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_context(ctx)
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
+    read_scanloss(ctx)   # a scan's or a loss's own words (reverse, reduction, margin ...)
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -82,7 +84,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    spec = (build_conv if family == "conv" else _BUILDERS[family])(ctx, op)
+    spec = {"conv": build_conv, "scan": build_scanloss, "loss": build_scanloss}.get(family, _BUILDERS.get(family))(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
@@ -95,7 +97,8 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
                  "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
                  "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
-                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue. "
+                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "
+                 "scans (cumsum, cumprod); losses (mse, huber, kl_div, cross_entropy, triplet, cosine ...). "
                  "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
 
 
@@ -154,6 +157,10 @@ EXAMPLES = {
     "conv": ["conv2d 3x3 stride 2 padding 1 on 16x64x56x56 float16 with 128 output channels",
              "depthwise conv 5x5 padding 2 on a 8x96x112x112 bf16 input, then relu",
              "transposed conv1d kernel 4 stride 2 padding 1 on 8x32x1024 with 16 output channels and a bias"],
+    "scan": ["cumsum along the rows of a 128x32768 fp32 tensor", "reverse cumulative sum of a 4096x8192 tensor",
+             "masked cumsum of a 32768x32768 float32 tensor"],
+    "loss": ["cross entropy loss of 32768x4096 logits", "triplet margin loss with margin 0.5 on 32768x8192 embeddings",
+             "huber loss delta 0.5, sum reduction, 8192x8192 fp16"],
 }
 
 
@@ -173,6 +180,9 @@ def supported_summary() -> str:
              "- convolutions: " + ", ".join(FAMILY_OPS["conv"]) + " on an N x C x [D x] [H x] W input, with kernel, "
              "stride, padding (a number, per dim, 'same'), dilation, groups (depthwise), output padding, output "
              "channels, and pointwise ops fused after (bias, relu, scale ...).",
+             "- scans along the last dim: " + ", ".join(FAMILY_OPS["scan"]) + " (reverse, exclusive, masked).",
+             "- losses: " + ", ".join(FAMILY_OPS["loss"]) + " (total: the mean of a hinge); reduction mean, sum, none "
+             "(batchmean for kl_div), with margin, delta, beta, p, ignore index.",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
              "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
              "Row ops work along the last dim only (over each row).",

@@ -78,13 +78,18 @@ def _elementwise_lines(spec: KernelSpec) -> list[str]:
 def _flat_kernel(spec: KernelSpec, names: list[str]) -> list[str]:
     none = reduction(spec) == "none"
     loads = [f"{n} = tl.load({n}_ptr + offs, mask=mask, other=0.0).to(tl.float32)" for n in names[:2]]
+    if spec.op == "kl_div" and param(spec, "log_input"):   # padding lanes: log(1) = 0, not -inf
+        loads[0] = loads[0].replace("other=0.0", "other=1.0")
     if spec.op == "total":
         chain = spec.params["prologue"]
         extra = operand_loads(chain, "offs", "offs % N", "mask", "mask")
         value = [loads[0], *extra[0], *step_lines(chain, "x", extra[1]), "v = x"]
     else:
         value = [*loads, *_elementwise_lines(spec)]
-    body = ["offs = (tl.zeros([BLOCK], dtype=tl.int64) + block) * BLOCK + tl.arange(0, BLOCK)  # 64-bit offsets",
+    body = ["if INDEX_64:  # offsets reach 2**31: 32-bit ones would wrap",
+            "    offs = (tl.zeros([BLOCK], dtype=tl.int64) + block) * BLOCK + tl.arange(0, BLOCK)",
+            "else:  # 32-bit offsets: a broadcast operand's modulo stays cheap",
+            "    offs = block * BLOCK + tl.arange(0, BLOCK)",
             "mask = offs < T", *value,
             "tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=mask)" if none
             else "acc += tl.where(mask, v, 0.0)"]
@@ -95,7 +100,8 @@ def _flat_kernel(spec: KernelSpec, names: list[str]) -> list[str]:
              *indent(body)]
     if not none:
         lines.append("tl.store(partial_ptr + first, tl.sum(acc, axis=0))  # this program's partial sum")
-    params = [*(f"{n}_ptr" for n in names), "out_ptr", "partial_ptr", "T", "N", "BLOCK: tl.constexpr"]
+    params = [*(f"{n}_ptr" for n in names), "out_ptr", "partial_ptr", "T", "N", "BLOCK: tl.constexpr",
+              "INDEX_64: tl.constexpr"]
     return ["@triton.jit", signature("loss_kernel", params), *indent(lines)]
 
 
@@ -215,7 +221,7 @@ def _launch(spec: KernelSpec, config: dict, names: list[str]) -> list[str]:
         lines += [f"T, N = {first}.numel(), {first}.shape[-1]",
                   f"programs = max(1, min(triton.cdiv(T, {c['BLOCK']}), sm_count({first}) * {c['WAVES']}))",
                   f"partial = torch.empty(programs, dtype=torch.float32, device={first}.device)",
-                  f"loss_kernel[(programs,)]({', '.join(names)}, out, partial, T, N, BLOCK={c['BLOCK']}, "
+                  f"loss_kernel[(programs,)]({', '.join(names)}, out, partial, T, N, BLOCK={c['BLOCK']}, INDEX_64=T >= 2**31, "
                   f"num_warps={c['num_warps']}, num_stages={c['num_stages']})",
                   f"count = {first}.shape[0] if {first}.dim() else 1" if red == "batchmean" else "count = T"]
     if red != "none":

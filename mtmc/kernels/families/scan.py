@@ -17,9 +17,10 @@ logical order, loads and stores go to the mirrored (reverse) or shifted-by-one (
 """
 from __future__ import annotations
 
+from mtmc.kernels import pointwise
 from mtmc.kernels.families import _rows
 from mtmc.kernels.families.elementwise import (
-    IMPORTS, INTERPRETED_SOURCE, indent, interpreter_ints, operand_loads, signature, step_lines,
+    IMPORTS, INTERPRETED_SOURCE, indent, interpreter_ints, signature, step_lines,
 )
 from mtmc.kernels.family import TensorArg, small_dim
 from mtmc.kernels.ops import FAMILY_OPS
@@ -167,6 +168,15 @@ class _Render:
         """The column an element of the scan order lives in."""
         return f"(N - 1 - {logical})" if self.reverse else logical
 
+    @staticmethod
+    def _chain(chain: list[dict], operands: list, var: str, offs: str, col: str, mask: str) -> list[str]:
+        """Load a chain's operands where the elements live ([N] vectors at their column), apply it to `var`."""
+        lines = []
+        for o in operands:
+            where = {"full": offs, "vector": f"{col}[None, :]"}.get(o.kind) or pointwise.periodic_offsets(o.chain_step, offs)
+            lines.append(f"{o.name} = tl.load({o.name}_ptr + {where}, mask={mask}, other=0.0).to(tl.float32)")
+        return [*lines, *step_lines(chain, var, _rows.Rows.step_names(operands))]
+
     def _head(self) -> list[str]:
         return ["group, seg = tl.program_id(0), tl.program_id(1)",
                 "rows = group * ROWS_PER_PROG + tl.arange(0, ROWS_PER_PROG)",
@@ -186,10 +196,8 @@ class _Render:
                  f"col = {self._phys('src')}",
                  "offs = base[:, None] + col[None, :].to(tl.int64) * Q",
                  "x = tl.load(x_ptr + offs, mask=valid, other=0.0).to(tl.float32)"]
-        chain = self.rows.prologue
-        if chain:
-            loads = operand_loads(chain, "offs", "col[None, :]", "valid", "valid")
-            lines += [*loads[0], *step_lines(chain, "x", loads[1])]
+        if self.rows.prologue:
+            lines += self._chain(self.rows.prologue, self.rows.pro_operands, "x", "offs", "col", "valid")
         if self.masked:
             lines.append("x = tl.where(tl.load(mask_ptr + offs, mask=valid, other=0) != 0, x, 0.0)")
         lines.append(f"v = tl.where(valid, x, {self.ident})")
@@ -213,8 +221,7 @@ class _Render:
         epi = self.rows.epilogue
         out = [f"y = {self.combine.format(a='carry[:, None]', b=self.scan.format(v='v'))}"]
         if epi:
-            loads = operand_loads(epi, "out_offs", "out_col[None, :]", "keep", "keep")
-            out += [*loads[0], *step_lines(epi, "y", loads[1])]
+            out += self._chain(epi, self.rows.epi_operands, "y", "out_offs", "out_col", "keep")
         body = [*self._head(),
                 f"carry = tl.full([ROWS_PER_PROG], {self.ident}, tl.float32)",
                 "if SPLIT > 1:  # start from the combine of the totals of the segments before this one",
