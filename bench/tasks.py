@@ -40,3 +40,20 @@ POINTRED_TASKS = [
     "argmax over dim 1 of a 64x4096x1024 fp32 tensor",
     "row-wise sum of a 16384x16384 fp32 tensor then scale by 0.5",
 ]
+
+# Scans and losses (the scan and loss families), at KernelBench level-1 sizes and a few-long-rows scan
+SCANLOSS_TASKS = [
+    "cumsum along the rows of a 32768x32768 fp32 tensor",
+    "cumsum along the rows of a 128x65536 fp32 tensor",
+    "reverse cumulative sum of a 32768x32768 fp32 tensor",
+    "masked cumsum of a 32768x32768 fp32 tensor",
+    "exclusive prefix sum over the rows of a 4096x32768 bf16 tensor",
+    "cumprod of a 32768x32768 fp32 tensor",
+    "cross entropy loss of 32768x4096 fp32 logits",
+    "triplet margin loss with margin 1.0 on 32768x8192 fp32 embeddings",
+    "mse loss of two 32768x32768 fp32 tensors",
+    "huber loss of two 32768x32768 fp32 tensors",
+    "kl divergence with batchmean reduction of 32768x32768 fp32 tensors",
+    "cosine similarity loss of 32768x8192 fp32 tensors",
+    "hinge loss of 32768x32768 fp32 tensors",
+]

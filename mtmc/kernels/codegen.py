@@ -14,7 +14,7 @@ import textwrap
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools import correctness
-from mtmc.tools.loader import random_tensor
+from mtmc.tools.loader import concrete_init, random_tensor
 
 _HEADER = '''#!/usr/bin/env python3
 """{title}
@@ -52,10 +52,13 @@ def _shape(names, dims):
 
 {random_tensor_src}
 
+{concrete_init_src}
+
 def make_inputs(dims=None, device="cuda", seed=None):
     dims = dims or DIMS
     gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
-    return [random_tensor(_shape(a["shape"], dims), a["dtype"], a["init"], gen, device) for a in INPUTS]
+    return [random_tensor(_shape(a["shape"], dims), a["dtype"], concrete_init(a["init"], dims), gen, device)
+            for a in INPUTS]
 
 
 def forward(*inputs):
@@ -148,7 +151,8 @@ def standalone_source(spec: KernelSpec, config: dict, kernel_source: str, summar
         check_dims_json=json.dumps(named_sizes(family, spec, family.check_dims(spec, config))),
         inputs_json=json.dumps(inputs),
         output_json=json.dumps(output), rtol=correctness.RTOL[spec.dtype], atol=correctness.ATOL_FLOOR[spec.dtype],
-        random_tensor_src=inspect.getsource(random_tensor), judge_src=inspect.getsource(correctness.judge),
+        random_tensor_src=inspect.getsource(random_tensor),
+        concrete_init_src=inspect.getsource(concrete_init), judge_src=inspect.getsource(correctness.judge),
     )
     driver = driver.replace("RTOL[dtype]", "RTOL").replace("ATOL_FLOOR[dtype]", "ATOL_FLOOR")
     return "\n".join([header, "import json\n", kernel_source.strip(), "",

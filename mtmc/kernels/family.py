@@ -98,7 +98,7 @@ class Family:
         raise NotImplementedError
 
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
 # The host wrappers assume this many SMs off the GPU (Triton's interpreter), so a persistent grid
 # still loops there.
 CPU_SMS = 4

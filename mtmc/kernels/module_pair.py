@@ -19,6 +19,7 @@ from pathlib import Path
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.codegen import named_sizes
 from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.loader import concrete_init
 from mtmc.tools.guard.verifier import (
     DEFAULT_TIMEOUT_S, ReferenceFailed, check_candidate, invalid_reference, run_reference, verify,
 )
@@ -71,7 +72,8 @@ class ModelNew(_nn.Module):
 def reference_source(spec: KernelSpec, dims: dict | None = None) -> str:
     fam = family_of(spec)
     dims = dims or spec.dims
-    inputs = [[list(a.concrete_shape(dims)), a.dtype or spec.dtype, a.init] for a in fam.inputs(spec)]
+    inputs = [[list(a.concrete_shape(dims)), a.dtype or spec.dtype, concrete_init(a.init, dims)]
+              for a in fam.inputs(spec)]
     return "import json\n" + _REFERENCE.format(reference=fam.reference_source(spec).strip(), inputs=json.dumps(inputs))
 
 

@@ -14,4 +14,7 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "matmul": ("matmul", "bmm"),
     "conv": ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
     "pool": tuple(f"{kind}_pool{r}d" for kind in ("max", "avg", "adaptive_max", "adaptive_avg") for r in (1, 2, 3)),
+    "scan": ("cumsum", "cumprod"),
+    "loss": ("mse", "l1", "smooth_l1", "huber", "kl_div", "hinge_embedding", "total",
+             "cross_entropy", "triplet_margin", "cosine_similarity", "cosine_embedding"),
 }

@@ -171,6 +171,8 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         body += [f"shape = (*v0.shape[:-1], {n})"]
         lead = "k0.shape[0]" if kind == "matmul" else "k0.shape[0], k0.shape[1]"
         body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
+    elif kind == "scalar":   # a loss's mean or sum
+        body += ["shape = ()", f"out = torch.empty((), {alloc})"]
     elif kind == "conv":
         body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     elif kind == "pool":

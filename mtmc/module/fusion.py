@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mtmc.kernels import pointwise
-from mtmc.module import conv_fusion, pointwise_fusion, pool_fusion
+from mtmc.module import conv_fusion, loss_fusion, pointwise_fusion, pool_fusion, scan_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -117,13 +117,16 @@ class _Builder:
                 self.guards.append(g)
 
 
+# modules classifying and building more anchors: convolutions, pooling, scans, losses
+PLUGIN_FAMILIES = {conv_fusion: ("conv",), pool_fusion: ("pool",), scan_fusion: ("scan",), loss_fusion: ("loss",)}
+PLUGINS = tuple(PLUGIN_FAMILIES)
 _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 
 
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g, plugins=(conv_fusion, pool_fusion))
+        classify = Classifier(self.g, plugins=PLUGINS)
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -170,6 +173,10 @@ class Partitioner:
         module, _, name = ref["attr"].rpartition(".")
         p = self.g.modules.get(module, {}).get("params", {}).get(name)
         return (list(p["shape"]), p["dtype"]) if p else None
+
+    def builder(self, main: NodeRef, dtype: str) -> _Builder:
+        """A new group's builder, `main` its first argument (for plugins' groups)."""
+        return _Builder(self.g, main, dtype)
 
     def _single_user(self, name: str) -> str | None:
         users = self.g.users[name]
@@ -406,16 +413,6 @@ class Partitioner:
         self._finish("matmul", a.op, dims, params, b, {"kind": "bmm" if batched else "matmul", "b_nk": a.b_nk},
                      [last])
 
-    def _conv_group(self, name: str, a: Anchor) -> None:
-        conv_fusion.build(self, name, a)   # the conv, its bias and its pointwise tail
-
-    def _pool_group(self, name: str, a: Anchor) -> None:
-        pool_fusion.build(self, name, a)   # the pool and its pointwise tail
-
-    def _builder(self, main: NodeRef, dtype: str) -> _Builder:
-        """A new group's builder (for plugins building their own groups)."""
-        return _Builder(self.g, main, dtype)
-
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:
         """The builder of a group around a weighted anchor (matmul, conv): its input and weight in
@@ -459,11 +456,16 @@ class Partitioner:
         self._rmsnorm_patterns()
         self._silu_patterns()
         pointwise_fusion.collapse(self)   # formulas reading one value twice (hand-written hardswish)
+        for plugin in PLUGINS:   # forms a plugin recognises across several nodes (a hand-written loss)
+            getattr(plugin, "patterns", lambda p: None)(self)
+        # a plugin's families' groups are its own to build (the anchor, its bias and pointwise tail)
+        builds = {"matmul": self._matmul_group,
+                  **{fam: (lambda n, a, plugin=plugin: plugin.build(self, n, a))
+                     for plugin, fams in PLUGIN_FAMILIES.items() for fam in fams}}
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                build = {"matmul": self._matmul_group, "conv": self._conv_group,
-                         "pool": self._pool_group}.get(a.family, self._rows_group)
+                build = builds.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)

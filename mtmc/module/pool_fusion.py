@@ -156,7 +156,7 @@ def build(p, name: str, a: Anchor) -> None:
     if out is None or out[0] != want:
         p.why[name] = f"the pool's output shape {out and out[0]} is not the {want} its parameters give"
         return
-    b = p._builder(a.x, dtype)
+    b = p.builder(a.x, dtype)
     b.inputs.append({"arg": 0, "view": "as_is"})   # the kernel reads x through its strides
     b.nodes += [name, *a.covers]
     params = dict(spec.params)

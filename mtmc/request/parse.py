@@ -32,6 +32,7 @@ from mtmc.request.formulas import _read_formulas
 from mtmc.request.pool_words import build_pool, read_pool
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
+from mtmc.request.scanloss_words import build_scanloss, read_scanloss
 from mtmc.request.words import _check_clauses, _check_leftovers, _check_tensor_count, _read_axis, _read_words
 
 
@@ -78,6 +79,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
     read_pool(ctx)   # a pooling's own words (window, stride ...)
     read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
+    read_scanloss(ctx)   # a scan's or a loss's own words (reverse, reduction, margin ...)
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -86,7 +88,8 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    build = {"conv": build_conv, "pool": build_pool}.get(family) or _BUILDERS[family]
+    build = {"conv": build_conv, "pool": build_pool, "scan": build_scanloss, "loss": build_scanloss}.get(family) \
+        or _BUILDERS[family]
     if family == "reduction" and reduces_other_dims(ctx):
         build = build_reduction
     spec = build(ctx, op)
@@ -104,6 +107,7 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
                  "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "
                  "max, average and adaptive pooling (1d/2d/3d) with a fused epilogue. "
+                 "scans (cumsum, cumprod); losses (mse, huber, kl_div, cross_entropy, triplet, cosine ...). "
                  "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
 
 
@@ -166,6 +170,10 @@ EXAMPLES = {
     "pool": ["max pool 3x3 stride 2 on a 16x64x112x112 fp16 tensor",
              "adaptive avg pool to 7x7 on 32x512x14x14 bf16, then relu",
              "maxpool1d kernel 4 stride 2 dilation 2 on 16x32x4096 with indices"],
+    "scan": ["cumsum along the rows of a 128x32768 fp32 tensor", "reverse cumulative sum of a 4096x8192 tensor",
+             "masked cumsum of a 32768x32768 float32 tensor"],
+    "loss": ["cross entropy loss of 32768x4096 logits", "triplet margin loss with margin 0.5 on 32768x8192 embeddings",
+             "huber loss delta 0.5, sum reduction, 8192x8192 fp16"],
 }
 
 
@@ -188,6 +196,9 @@ def supported_summary() -> str:
              "- pooling: " + ", ".join(FAMILY_OPS["pool"]) + " on an N x C x [D x] [H x] W input, with window, "
              "stride, padding, dilation (max), ceil mode, padding not counted / a divisor (avg), indices (max), "
              "an output size (adaptive; 'global' is 1), and pointwise ops fused after.",
+             "- scans along the last dim: " + ", ".join(FAMILY_OPS["scan"]) + " (reverse, exclusive, masked).",
+             "- losses: " + ", ".join(FAMILY_OPS["loss"]) + " (total: the mean of a hinge); reduction mean, sum, none "
+             "(batchmean for kl_div), with margin, delta, beta, p, ignore index.",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
              "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
              "Row ops work along the last dim only (over each row).",

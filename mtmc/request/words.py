@@ -311,7 +311,7 @@ def _check_clauses(ctx: _Ctx) -> None:
 
 def _check_tensor_count(ctx: _Ctx, spec: KernelSpec) -> None:
     """"sigmoid of two 4096x4096 tensors": two tensors named, but the ops read only one."""
-    if spec.family == "matmul" or not ("pair" in ctx.flags or _rx(_PAIR).search(ctx.norm)):
+    if spec.family in ("matmul", "loss") or not ("pair" in ctx.flags or _rx(_PAIR).search(ctx.norm)):
         return
     steps = [s for k in ("chain", "prologue", "epilogue") for s in spec.params.get(k, [])]
     if not any(pointwise.operand_kind(s) == "full" for s in steps):

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from mtmc.tools.loader import load_source, random_tensor, torch_dtype
+from mtmc.tools.loader import concrete_init, load_source, random_tensor, torch_dtype
 
 # Relative tolerance against the error scale, per dtype of inputs/outputs.  fp32 assumes IEEE
 # fp32 arithmetic (no tf32); fp16/bf16 allow rounding of the output plus fp32 accumulation.
@@ -61,7 +61,8 @@ def make_inputs(task: dict, dims: dict | None = None, device="cpu", seed: int | 
     import torch
     dims = dims or task["dims"]
     gen = torch.Generator(device=device).manual_seed(seed if seed is not None else int.from_bytes(os.urandom(6), "little"))
-    return [random_tensor(concrete_shape(a["shape"], dims, a.get("groups", 1)), a["dtype"], a["init"], gen, device) for a in task["inputs"]]
+    return [random_tensor(concrete_shape(a["shape"], dims, a.get("groups", 1)), a["dtype"], concrete_init(a["init"], dims), gen,
+                          device) for a in task["inputs"]]
 
 
 def poisoned_output(task: dict, dims: dict, device):

@@ -44,11 +44,24 @@ def torch_dtype(name: str):
     return getattr(torch, name)
 
 
+def concrete_init(init: str, dims: dict) -> str:
+    """An init at concrete dims: "index:C" (indices below the size of dim C) names its bound."""
+    if init.startswith("index:") and not init[6:].isdigit():
+        return f"index:{int(dims[init[6:]])}"
+    return init
+
+
 def random_tensor(shape, dtype: str, init: str, generator, device="cpu"):
     """A fresh random tensor drawn on `device` from `generator` (a generator of that device, or
     None): GPU-sized inputs are never made on the host.  Self-contained: kernel files embed its
     source."""
     import torch
+    if init.startswith("index:"):   # class indices in [0, n) (a cross-entropy target)
+        return torch.randint(0, int(init[6:]), shape, generator=generator, dtype=getattr(torch, dtype), device=device)
+    if init == "mask":              # a random boolean mask, about half set
+        return torch.rand(shape, generator=generator, device=device) < 0.5
+    if init == "sign":              # +-1 labels (hinge and cosine embedding losses)
+        return torch.rand(shape, generator=generator, device=device).round().mul_(2).sub_(1).to(getattr(torch, dtype))
     if init == "randn":
         t = torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
     elif init == "uniform":

@@ -1,0 +1,139 @@
+"""Scans in a captured graph: torch.cumsum / torch.cumprod and their tensor methods become "scan"
+anchors (module.fx_ops asks here), with the forms around them folded into the one kernel:
+
+  * reverse: torch.cumsum(x.flip(d), d).flip(d) (flip or torch.flip, on the scan's dim);
+  * exclusive: torch.cumsum(x, d) - x (the scan minus its own input);
+  * masked: torch.cumsum(x * mask, d) with a bool mask of x's shape (read as a bool input);
+  * the pointwise ops feeding the scan (prologue) and following it (epilogue), when the scan runs
+    over the last dim; a scan over a middle dim reads x's buffer in place ("inner", as reductions).
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from mtmc.module.fx_ops import Anchor, NodeRef, Pointwise, Reject, _arg, q
+
+SCAN_FUNCTIONS = {q(torch.cumsum): "cumsum", q(torch.cumprod): "cumprod"}
+SCAN_METHODS = ("cumsum", "cumprod")
+FLIPS = {q(torch.flip)}
+MULS = {q(operator.mul), q(torch.mul)}
+
+
+def _called(g, name: str, functions: set, method: str) -> bool:
+    n = g.by_name[name]
+    return (n["op"] == "call_function" and n["target"] in functions) or (n["op"] == "call_method"
+                                                                        and n["target"] == method)
+
+
+def _flip_dim(c, ref, rank: int) -> int | None:
+    """d when `ref` is x.flip(d) / torch.flip(x, [d]) over that one dim."""
+    if not isinstance(ref, NodeRef) or not _called(c.g, ref.name, FLIPS, "flip"):
+        return None
+    args, kwargs = c.g.args(ref.name)
+    dims = kwargs.get("dims", list(args[1:]) if len(args) > 2 else args[1] if len(args) > 1 else None)
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    return dims[0] % rank if len(dims) == 1 and isinstance(dims[0], int) else None
+
+
+def _single_user(c, name: str) -> str | None:
+    users = c.g.users[name]
+    return users[0] if len(users) == 1 else None
+
+
+def _mask_of(c, ref, shape: list[int]):
+    """(x, mask) when `ref` is x * mask with mask a bool tensor of x's shape, used only here."""
+    if not isinstance(ref, NodeRef) or not _called(c.g, ref.name, MULS, "mul") or len(c.g.users[ref.name]) != 1:
+        return None
+    args, _ = c.g.args(ref.name)
+    if len(args) != 2 or not all(isinstance(a, NodeRef) for a in args):
+        return None
+    for x, mask in (args, args[::-1]):
+        if c.g.tensor(mask) == (shape, "bool") and c.g.tensor(x) is not None and c.g.tensor(x)[0] == shape:
+            return x, mask
+    return None
+
+
+def _classified(c, name: str):
+    try:
+        return c(name)
+    except Reject:
+        return None
+
+
+def classify_call(c, name: str, fn: str | None, args: tuple, kwargs: dict) -> Anchor | None:
+    """A scan anchor for cumsum / cumprod (function or method), None for any other call."""
+    n = c.g.by_name[name]
+    op = SCAN_FUNCTIONS.get(fn) or (n["target"] if n["op"] == "call_method" and n["target"] in SCAN_METHODS else None)
+    if op is None:
+        return None
+    if kwargs.get("dtype") is not None:
+        raise Reject(f"{op} with a dtype= cast is not fused")
+    x, dim = args[0], _arg(args, kwargs, 1, "dim")
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise Reject(f"{op} over a computed dim is not fused")
+    out = c.g.tensor(name)
+    if out is None or c.g.tensor(x) is None or out[1] != c.g.tensor(x)[1]:
+        raise Reject(f"{op} that changes the dtype (an integer or bool input) is not fused")
+    shape, _ = c._float_tensor(x, "the scan input")
+    if not shape or math.prod(shape) == 0:
+        raise Reject(f"{op} of an empty or 0-d tensor")
+    dim %= len(shape)
+    a = Anchor("scan", op, x, out=name, replaces=[name], dim=dim)
+    # reverse: the scan of x flipped on its dim, flipped back
+    user = _single_user(c, name)
+    if _flip_dim(c, x, len(shape)) == dim and len(c.g.users[x.name]) == 1 and user and \
+            _flip_dim(c, NodeRef(user), len(shape)) == dim:
+        a.params["reverse"] = True
+        a.covers += [x.name, user]
+        a.x, a.out, a.replaces = c.g.args(x.name)[0][0], user, [user]
+        user = _single_user(c, user)
+    # exclusive: the scan minus its own input
+    s = _classified(c, user) if user and op == "cumsum" else None
+    if isinstance(s, Pointwise) and s.binop == "sub" and s.inputs == [NodeRef(a.out), a.x]:
+        a.params["exclusive"] = True
+        a.covers.append(user)
+        a.out, a.replaces = user, [user]
+    masked = _mask_of(c, a.x, shape)
+    if masked:
+        a.params["masked"] = True
+        a.covers.append(a.x.name)
+        a.x, mask = masked
+        a.vectors = [mask]
+    return a
+
+
+def classify_module(c, name: str, target: str, info: dict, x) -> None:
+    return None
+
+
+def build(p, name: str, a: Anchor) -> None:
+    """The scan group around anchor `a`: its mask, prologue and epilogue (a Partitioner's method
+    in all but name)."""
+    shape, dtype = p.g.tensor(a.x)
+    d = a.dim
+    dims = {"M": math.prod(shape) // shape[d], "N": shape[d]}
+    params = dict(a.params)
+    last = d == len(shape) - 1
+    view = {"view": "rows", "contiguous": True} if last else {"view": "strided", "dim": d}
+    if not last:
+        params["inner"] = math.prod(shape[d + 1:])
+    full = {"view": "like", "of": "main"}
+    links = p._walk_back(a.x, shape, dtype, full, True) if last else []
+    b = p.builder(NodeRef(links[0][1]) if links else a.x, dtype)
+    b.inputs.append({"arg": 0, **view})
+    for mask in a.vectors:   # the bool mask, laid out like x
+        b.inputs.append({"arg": b.arg(mask), **view})
+    prologue = []
+    for node, running in links:
+        prologue += p._step(node, running, b, shape, full, True)
+        b.nodes += [node, *p.sem[node].covers]
+    b.nodes += [name, *a.covers]
+    epilogue, end = p._extend(a.out, b, shape, full, True) if last else ([], a.out)
+    if prologue:
+        params["prologue"] = prologue
+    if epilogue:
+        params["epilogue"] = epilogue
+    p._finish("scan", a.op, dims, params, b, {"kind": "same"}, a.replaces if end == a.out else [end])
