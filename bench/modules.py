@@ -33,6 +33,8 @@ FULL_SIZE = {
     "conv_block.py": {"batch_size": 16, "in_ch": 3, "mid_ch": 64, "out_ch": 32, "height": 224, "width": 224},
     "pool_block.py": {"N": 32, "C": 64, "H": 224, "W": 224},
     "pointred_block.py": {"batch": 8192, "feat": 4096, "hidden": 4096, "chans": 64, "side": 256},
+    "cumsum_forms.py": {"batch_size": 12288, "length": 4096},
+    "hinge_loss.py": {"batch_size": 32768, "input_shape": (32768,)},
     "attention_block.py": {"batch_size": 8, "seq_len": 1024, "d_model": 1024, "n_heads": 16},
     "reduction_head.py": {"batch_size": 256, "seq_len": 1024, "hidden": 1024, "classes": 1000},
     "odd_shapes.py": {"dims": (31, 257, 1023), "out_features": 4093},

@@ -190,6 +190,15 @@ def test_tolerance_that_cannot_discriminate_rejects_even_honest_work():
     assert {c["name"] for c in v["checks"] if c["passed"] is False} == {"tolerance_discriminates"}
 
 
+def test_a_loss_with_one_output_value_is_judged_and_a_constant_loss_is_caught():
+    """A scalar output is its own mean: the "a constant" fake once equalled the truth on every
+    variant, so every loss module was refused as "cannot be told from a constant", honest or not."""
+    honest = verify(path("ref_mse_loss"), path("honest_mse_loss"), device="cpu", timeout_s=TIMEOUT_S)
+    assert honest["accepted"], failed(honest)
+    cheat = verify(path("ref_mse_loss"), path("cheat_constant_loss"), device="cpu", timeout_s=TIMEOUT_S)
+    assert not cheat["accepted"] and "tolerance_discriminates" not in failed(cheat)
+
+
 def test_tolerance_rejects_zeros_constant_and_input_copy():
     """The bound itself on a typical output: each fake fails, the truth rounded to fp32 passes."""
     x = torch.randn(16, 32, dtype=torch.float64)

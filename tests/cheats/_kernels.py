@@ -1,5 +1,5 @@
-"""Triton kernels shared by the test candidates, honest and cheating, for ref_scale_relu.py and
-ref_identity.py.  Candidates import it with their own directory on sys.path."""
+"""Triton kernels shared by the test candidates, honest and cheating, for ref_scale_relu.py,
+ref_identity.py and ref_mse_loss.py.  Candidates import it with their own directory on sys.path."""
 import os
 
 import torch
@@ -38,6 +38,24 @@ def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
 def _fill_kernel(dst_ptr, value, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(dst_ptr + offs, tl.zeros([BLOCK], dtype=tl.float32) + value, mask=offs < n)
+
+
+@triton.jit
+def _mse_kernel(p_ptr, t_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """mean((p - t)^2) by one program: a loss's single-value output (ref_mse_loss.py)."""
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        d = tl.load(p_ptr + offs, mask=mask, other=0.0) - tl.load(t_ptr + offs, mask=mask, other=0.0)
+        acc += d * d
+    tl.store(out_ptr, tl.sum(acc, axis=0) / n)
+
+
+def mse(p, t):
+    out = torch.empty((), dtype=p.dtype, device=p.device)
+    _mse_kernel[(1,)](p.contiguous(), t.contiguous(), out, p.numel(), BLOCK=1024)
+    return out
 
 
 def scale_relu(x, w, b, out=None, rows=None, half=False):

@@ -155,18 +155,27 @@ def precision_loss(out, ref, eager) -> dict | None:
     return {"reduced": reduced, "rms_err": ours, "half_rms_err": half, "eager_rms_err": eager_err}
 
 
-def fakes(ref, eager, inputs: list) -> dict:
-    """Outputs (in the task's dtype) a check must reject: zeros, a constant (the reference's
-    mean) and a copy of each input with the output's number of elements.  Constants are numbers
-    (compare broadcasts them), so no output-sized tensor is made."""
+def mean(ref) -> float:
+    """The finite values' mean, in float64, a slice at a time."""
     import torch
     total, count = 0.0, 0
     for sl in _slices(ref.numel()):
         r = _flat(ref)[sl].to(torch.float64)
         r = r[torch.isfinite(r)]
         total, count = total + float(r.sum()), count + r.numel()
-    mean = float(torch.tensor(total / count if count else 0.0).to(eager.dtype))  # as the dtype holds it
-    out = {"zeros": 0.0, "a constant": mean}
+    return total / count if count else 0.0
+
+
+def fakes(ref, eager, inputs: list, constant: float | None = None) -> dict:
+    """Outputs (in the task's dtype) a check must reject: zeros, a constant and a copy of each
+    input with the output's number of elements.  The constant is the reference's mean, or
+    `constant` where given: a scalar output (a loss) IS its own mean, so there the constant is
+    one fixed number for every input variant (the first variant's value): a kernel returning it
+    whatever the inputs must fail on some variant.  Constants are numbers (compare broadcasts
+    them), so no output-sized tensor is made."""
+    import torch
+    value = mean(ref) if constant is None else constant
+    out = {"zeros": 0.0, "a constant": float(torch.tensor(value).to(eager.dtype))}  # as the dtype holds it
     for i, x in enumerate(inputs):
         if isinstance(x, torch.Tensor) and x.numel() == eager.numel() and x.is_floating_point():
             out[f"a copy of input {i}"] = x.detach().reshape(eager.shape).to(eager.dtype)

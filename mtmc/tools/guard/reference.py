@@ -192,7 +192,7 @@ def open_job(job: dict) -> dict:
         model64 = copy.deepcopy(model).to(torch.float64)
     except Exception:
         model64 = None
-    _RUN.update(module=module, device=device, init=init, model=model, model64=model64,
+    _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={},
                 max_elems=job.get("max_elems"), time=bool(job.get("time")), eager_ms=None, trial=None)
     mode, notes = _mode(model)
     for m in (model, model64):
@@ -216,9 +216,14 @@ def _draw(variant: str):
 
 def _loose(truth: list, eager: list, inputs: list) -> list[list[str]]:
     """Per output: the fake outputs (zeros, a constant, a copy of an input) this variant's
-    tolerance would accept."""
-    return [[name for name, fake in numeric.fakes(r, e, flat_tensors(inputs)).items()
-             if numeric.compare(fake, r, e)["ok"]] for r, e in zip(truth, eager)]
+    tolerance would accept.  A single-value output's constant is the first variant's value
+    (numeric.fakes says why), kept in _RUN."""
+    fixed = _RUN.setdefault("constants", {})
+    for j, r in enumerate(truth):
+        if r.numel() == 1 and j not in fixed:
+            fixed[j] = numeric.mean(r)
+    return [[name for name, fake in numeric.fakes(r, e, flat_tensors(inputs), fixed.get(j) if r.numel() == 1 else None).items()
+             if numeric.compare(fake, r, e)["ok"]] for j, (r, e) in enumerate(zip(truth, eager))]
 
 
 def variant_job(job: dict) -> dict:
