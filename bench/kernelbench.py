@@ -166,14 +166,17 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def run_optimize(cmd: list[str], log_path: Path, timeout_s: float) -> dict:
+def run_optimize(cmd: list[str], log_path: Path, timeout_s: float, scratch: Path | None = None) -> dict:
     """Run `mtmc optimize` with a wall timeout: status done / rejected / failed / timed out /
     crashed, seconds, groups and kernels, and the message when it is not done.  Whatever
-    happens (timeout, an interrupt of this runner), nothing it started outlives it."""
+    happens (timeout, an interrupt of this runner), nothing it started outlives it; with
+    `scratch`, its temporary files (the guard's exchange files: GBs at KernelBench sizes) go
+    there, for the caller to remove even when the run was killed and could not clean up."""
     start = time.monotonic()
+    env = {**os.environ, "TMPDIR": str(scratch)} if scratch is not None else None
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, cwd=REPO,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         try:
             stdout, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -337,7 +340,9 @@ def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="mtmc-kernelbench-") as tmp:
         new_path = Path(tmp) / task.path.name
         cmd = optimize_command(task, new_path, opts.max_steps, opts.target)
-        record["optimize"] = run_optimize(cmd, Path(tmp) / "optimize.log", opts.timeout)
+        scratch = Path(tmp) / "tmp"   # removed with tmp, whatever became of the run
+        scratch.mkdir()
+        record["optimize"] = run_optimize(cmd, Path(tmp) / "optimize.log", opts.timeout, scratch)
         if record["optimize"]["status"] in EVALUATED and new_path.exists():
             record["eval"] = run_eval(task, new_path, opts.device, opts.trials, opts.eval_timeout)
             if opts.save_new:

@@ -196,3 +196,19 @@ def test_group_outcomes_are_kept_from_the_optimize_log(tmp_path):
     assert kb.group_outcomes(log) == ["== group 1: relu (elementwise) N=10", "== group 1: pytorch (ours 2.1 ms vs eager 2.0 ms)",
                                       "[module check] skipped: no kernel"]
     assert kb.group_outcomes(tmp_path / "missing.log") == []
+
+
+def test_a_killed_optimize_writes_its_temporary_files_where_the_runner_removes_them(tmp_path):
+    """A run killed at its timeout cannot clean up after itself (on the H200 three such runs left
+    the guard's multi-GB exchange files behind and filled the disk): its TMPDIR is the runner's."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    writer = ("import os, tempfile, time\n"
+              "d = tempfile.mkdtemp(prefix='mtmc-guard-')\n"
+              "open(os.path.join(d, 'staged.pt'), 'wb').write(b'x' * 4096)\n"
+              "print(d, flush=True)\n"
+              "time.sleep(60)\n")
+    out = kb.run_optimize([sys.executable, "-c", writer], tmp_path / "log", timeout_s=3, scratch=scratch)
+    assert out["status"] == "timed out"
+    left = list(scratch.iterdir())   # it wrote where the runner said, inside the task's own
+    assert len(left) == 1 and left[0].name.startswith("mtmc-guard-")   # directory, which run_task removes

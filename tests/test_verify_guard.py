@@ -389,3 +389,11 @@ def test_shared_tensors_cannot_smuggle_code(tmp_path):
         receive(payload)
     with pytest.raises(ExchangeError, match="more than 10"):
         receive({"file": payload["file"]}, limit_bytes=10)
+
+
+def test_the_batch_is_cut_only_where_cuda_tensors_must_cross_as_files():
+    from mtmc.tools.guard.exchange import STAGED_MAX_ELEMS, staged_cap
+    assert staged_cap("cpu", None, lambda: False) is None            # the interpreter: its own cap or none
+    assert staged_cap("cuda", None, lambda: True) is None            # IPC handles: full size, no files
+    assert staged_cap("cuda", None, lambda: False) == STAGED_MAX_ELEMS
+    assert staged_cap("cuda", 1000, lambda: False) == 1000           # a smaller cap asked for stays

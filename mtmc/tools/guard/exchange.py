@@ -65,6 +65,34 @@ def share(tree, directory: str | Path, name: str) -> dict:
     return payload
 
 
+_EXPORTS: list[bool] = []   # whether this process may export CUDA IPC handles, once found out
+
+
+def ipc_exports() -> bool:
+    """Whether the driver lets this process export a CUDA IPC handle (a one-element probe)."""
+    if not _EXPORTS:
+        import torch
+        try:
+            _ipc_handles([torch.zeros(1, device="cuda")])
+            _EXPORTS.append(True)
+        except RuntimeError:
+            _EXPORTS.append(False)
+    return _EXPORTS[0]
+
+
+def staged_cap(device: str, max_elems: int | None, exports) -> int | None:
+    """The per-input element cap of a guard session: where CUDA tensors must be staged through
+    files (`exports()` false), full-size inputs would cost their size several times over in
+    files per variant (a 6.4 GB KernelBench input filled a 64 GB disk), so the batch is cut to
+    STAGED_MAX_ELEMS per input; each group's kernel is still checked at full size on its own."""
+    if device != "cuda" or max_elems is not None or exports():
+        return max_elems
+    return STAGED_MAX_ELEMS
+
+
+STAGED_MAX_ELEMS = 1 << 26   # 256 MB of fp32 per input
+
+
 def _marked(x) -> bool:
     return isinstance(x, str) and x.startswith(_MARK)
 

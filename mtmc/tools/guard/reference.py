@@ -23,7 +23,7 @@ import os
 
 from mtmc.tools.guard import numeric
 from mtmc.tools.guard.draw import VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
-from mtmc.tools.guard.exchange import receive, share
+from mtmc.tools.guard.exchange import ipc_exports, receive, share, staged_cap
 
 _RUN: dict = {}   # this session's reference run
 HOST = "cpu"      # where float64 truth goes when the device cannot hold it
@@ -192,9 +192,13 @@ def open_job(job: dict) -> dict:
         model64 = copy.deepcopy(model).to(torch.float64)
     except Exception:
         model64 = None
+    max_elems = staged_cap(device, job.get("max_elems"), ipc_exports)
     _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={},
-                max_elems=job.get("max_elems"), time=bool(job.get("time")), eager_ms=None, trial=None)
+                max_elems=max_elems, time=bool(job.get("time")), eager_ms=None, trial=None)
     mode, notes = _mode(model)
+    if max_elems != job.get("max_elems"):
+        notes.append(f"CUDA IPC is refused here, so tensors cross as files: inputs are cut along the batch to "
+                     f"{max_elems} elements each for this check")
     for m in (model, model64):
         if m is not None:
             m.train(mode == "train")
