@@ -70,7 +70,7 @@ def _check(reply: dict):
     if isinstance(reply.get("refuse"), str):
         return "refuse", reply["refuse"].strip() or "no reason given"
     if isinstance(reply.get("custom"), dict):
-        return "custom", _custom(reply["custom"])
+        return "custom", custom_op(reply["custom"])
     if reply.get("family") not in families():
         raise ValueError(f"family {reply.get('family')!r} is not one of {', '.join(families())}")
     if reply.get("dtype", "float32") not in DTYPES:
@@ -85,7 +85,8 @@ def _check(reply: dict):
     return "spec", spec
 
 
-def _custom(body: dict) -> CustomOp:
+def custom_op(body: dict) -> CustomOp:
+    """The model's {"custom": ...} body -> CustomOp; ValueError with what is wrong."""
     name, source, inputs = body.get("name"), body.get("reference"), body.get("inputs")
     if not (isinstance(name, str) and name.isidentifier()):
         raise ValueError("custom.name must be a snake_case identifier")
