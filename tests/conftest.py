@@ -33,7 +33,8 @@ class ChatServer:
     """A local OpenAI-compatible endpoint (POST /v1/chat/completions, non-streaming) for the
     LLM tests: it records each request body and answers as `mode` says: "ok" (`reply`),
     "status" (HTTP `status` with an error body), "garbage" (200, not JSON), "empty" (empty
-    content) or "sleep" (`sleep_s`, then `reply`)."""
+    content), "truncated" (`reply`, cut off at the token limit) or "sleep" (`sleep_s`, then
+    `reply`).  `script`, a list of (mode, reply) pairs, answers the next requests first, in order."""
 
     def __init__(self):
         import json
@@ -41,6 +42,7 @@ class ChatServer:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.mode, self.reply, self.status, self.sleep_s, self.requests = "ok", "", 500, 3.0, []
+        self.script: list[tuple[str, str]] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,18 +54,19 @@ class ChatServer:
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     return self._send(404, b'{"error": {"message": "no such route"}}')
                 server.requests.append(json.loads(body))
-                if server.mode == "status":
+                mode, reply = server.script.pop(0) if server.script else (server.mode, server.reply)
+                if mode == "status":
                     return self._send(server.status, b'{"error": {"message": "the model is overloaded"}}')
-                if server.mode == "garbage":
+                if mode == "garbage":
                     return self._send(200, b"<html>gateway says hello</html>")
-                if server.mode == "sleep":
+                if mode == "sleep":
                     import time
                     time.sleep(server.sleep_s)
-                content = "" if server.mode == "empty" else server.reply
+                content = "" if mode == "empty" else reply
                 self._send(200, json.dumps({
                     "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": "stub",
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "finish_reason": "stop"}],
+                                 "finish_reason": "length" if mode == "truncated" else "stop"}],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode())
 
             def _send(self, code, data):

@@ -623,6 +623,6 @@ def test_settings_show_what_is_available_and_keep_the_endpoint(app_url):
                                       api_name="/save_settings")
     assert "GPU: **none**" in status and "NVIDIA H100 SXM" in status and "at most 2 planner steps" in status
     assert "`qwen-coder` at `http://localhost:8000/v1` writes the **why-answers**" in status
-    assert "parsing, planning and coding stay deterministic" in status
+    assert "reads the requests the rule parser refuses" in status and "planning and coding stay deterministic" in status
     assert "sk-test" not in status
     assert "Memory: available" in status and "Explainer: available" in status and "Module optimization: available" in status

@@ -13,5 +13,5 @@ class Context:
     timeout_s: float = 240.0      # wall time for one verification in the child process
     use_gpu: bool | None = None   # None: use one when present
     out_path: str | None = None   # where finalize writes the kernel file
-    llm: object | None = None     # an optional chat model (mtmc.tools.llm); no graph node calls it yet
+    llm: object | None = None     # an optional chat model (mtmc.tools.llm): the parser role (request.llm_parse)
     compile_baseline: bool = True  # also time torch.compile (one compile per run); module groups skip it

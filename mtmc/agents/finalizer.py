@@ -76,4 +76,5 @@ def history_record(state: State, spec: KernelSpec, best: dict, hw) -> HistoryRec
         final_config=best["config"], final_step=best["step"], source=best["source"], time_ms=time_ms,
         measured=measured, baselines=baselines, speedups=speedups,
         stop=decision if decision.get("action", {}).get("kind") == "stop" else None,
-        warm_start=((steps[0].get("history") or {}).get("warm_start") if steps else None))
+        warm_start=((steps[0].get("history") or {}).get("warm_start") if steps else None),
+        llm_calls=list(state.get("llm_calls") or []))

@@ -10,7 +10,7 @@ from mtmc.agents.state import State
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import Store
-from mtmc.request.parse import parse_request
+from mtmc.request.llm_parse import read_request
 from mtmc.tools.hardware import resolve
 from mtmc.tools.machine import gib
 
@@ -37,10 +37,11 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
             return {"status": "unsupported", "message": str(exc)}
         emit(E.Parsed(spec=spec.to_dict(), description=describe(spec), assumptions=[]))
         return {"status": "running", "assumptions": [], "spec": spec.to_dict()}
-    result = parse_request(state["request"])
+    calls: list[dict] = []     # the model's calls (role, latency, tokens), kept in the history
+    result, _custom = read_request(state["request"], runtime.context.llm, calls)
     if not result.ok:
         emit(E.Unsupported(message=result.message))
-        return {"status": "unsupported", "message": result.message}
+        return {"status": "unsupported", "message": result.message, "llm_calls": calls}
     spec = result.spec
     try:
         check_fits(spec, runtime.context.target)
@@ -48,7 +49,7 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
         emit(E.Unsupported(message=str(exc)))
         return {"status": "unsupported", "message": str(exc)}
     emit(E.Parsed(spec=spec.to_dict(), description=describe(spec), assumptions=list(result.assumptions)))
-    return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions)}
+    return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions), "llm_calls": calls}
 
 
 def retrieve(state: State, runtime: Runtime[Context]) -> dict:

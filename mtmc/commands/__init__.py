@@ -13,3 +13,14 @@ def known_target(target: str) -> bool:
         print(f"mtmc: {exc}", file=sys.stderr)
         return False
     return True
+
+
+def env_llm(fallback: str):
+    """The chat model named by MTMC_LLM_BASE_URL / MTMC_LLM_MODEL, or None (offline); a model that
+    cannot be built is said on stderr with what happens instead (`fallback`)."""
+    from mtmc.tools.llm import LLMFailure, from_env
+    try:
+        return from_env()
+    except LLMFailure as exc:
+        print(f"mtmc: MTMC_LLM_BASE_URL is set but {exc}; {fallback}", file=sys.stderr)
+        return None

@@ -6,14 +6,15 @@ import sys
 
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request, summary_json
-from mtmc.commands import known_target
+from mtmc.commands import env_llm, known_target
 from mtmc.agents.events.text import printer
 
 
 def cmd_generate(args) -> int:
     if not known_target(args.target):
         return 2
-    ctx = Context(target=args.target, max_steps=args.max_steps, out_path=args.out, timeout_s=args.timeout)
+    ctx = Context(target=args.target, max_steps=args.max_steps, out_path=args.out, timeout_s=args.timeout,
+                  llm=env_llm("reading the request with the rules only"))
     log = sys.stderr if args.json else sys.stdout
     state = run_request(args.request, ctx, on_event=printer(log))
     if args.json:

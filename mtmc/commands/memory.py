@@ -5,7 +5,7 @@ import json
 import sys
 
 from mtmc.agents.explainer import explain
-from mtmc.tools.llm import LLMFailure, from_env
+from mtmc.commands import env_llm
 from mtmc.agents.events.text import decision_line, verdict_line
 from mtmc.memory import MemoryUnavailable, Store
 from mtmc.tools.hardware import get_profile
@@ -78,11 +78,7 @@ def cmd_why(args) -> int:
     rec = _record(store, args.id)
     if rec is None:
         return 1
-    try:
-        llm = from_env()
-    except LLMFailure as exc:
-        print(f"mtmc: MTMC_LLM_BASE_URL is set but {exc}; answering from the records only", file=sys.stderr)
-        llm = None
+    llm = env_llm("answering from the records only")
     print(explain(args.question, rec.as_state(), store, llm=llm))
     return 0
 

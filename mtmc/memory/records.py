@@ -37,6 +37,7 @@ class HistoryRecord:
     speedups: dict = field(default_factory=dict)    # eager / compile / over_first_draft
     stop: dict | None = None        # the planner's closing decision (why it stopped)
     warm_start: str | None = None   # id of the history the first draft came from
+    llm_calls: list = field(default_factory=list)   # the chat model's calls per role: latency, tokens
 
     def to_dict(self) -> dict:
         return asdict(self)

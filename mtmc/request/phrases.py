@@ -142,7 +142,7 @@ def _read_dtype(ctx: _Ctx) -> None:
 
 _TUPLE = (rf"\[\s*{INT}(?:\s*,\s*{INT})*\s*,?\s*\]|\(\s*{INT}(?:\s*,\s*{INT})+\s*,?\s*\)"
           rf"|\(\s*{INT}\s*,\s*\)")
-_XSHAPE = r"(?<![\w.])\d+k?(?:\s*[x*]\s*\d+k?)+(?!\w|\.\d)"
+_XSHAPE = r"(?<![\w.])\d+[km]?(?:\s*[x*]\s*\d+[km]?)+(?!\w|\.\d)"
 _BY_SHAPE = rf"{INT}(?:\s+by\s+{INT})+"
 _NAMED = rf"\b(?P<dims>(?:[bmnk]\s*[=:]\s*)+)(?P<v>{INT})"     # M=4096, M=N=K=1024
 _ROWS = r"(?:rows|tokens|vectors|samples|examples|items)\b"
@@ -171,11 +171,12 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
 ]
 _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+)?({INT})",
             rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
-            rf"({INT})[\s-]+(?:elements?|values|numbers|entries|floats)\b(?:\s+(?:vector|array|tensor))?"]
+            rf"({INT})[\s-]+(?:(?:random|input|contiguous)[\s-]+)?(?:elements?|values|numbers|entries|floats)\b"
+            r"(?:\s+(?:vector|array|tensor))?"]
 
 
 def _read_sizes(ctx: _Ctx) -> None:
-    for pattern, split in ((_TUPLE, r"[^\dk]+"), (_XSHAPE, r"\s*[x*]\s*")):
+    for pattern, split in ((_TUPLE, r"[^\dkm]+"), (_XSHAPE, r"\s*[x*]\s*")):
         for m in ctx.take(pattern):
             _add_shape(ctx, m, [t for t in re.split(split, m.group(0)) if t])
     for m in ctx.take(_NAMED):

@@ -30,7 +30,7 @@ def _rx(pattern: str) -> re.Pattern:
     return re.compile(pattern, re.ASCII)
 
 
-INT = r"(?<![\w.])\d+k?(?!\w|\.\d)"     # a size: 4096, or 4k (k = 1024)
+INT = r"(?<![\w.])\d+[km]?(?!\w|\.\d)"     # a size: 4096, 4k (k = 1024), 4m (m = 2^20)
 _BASE = r"(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?"
 NUM = (rf"(?<![\w.])(?:[-+]?{_BASE}(?:\s*/\s*(?:sqrt\s*\(\s*{_BASE}\s*\)|{_BASE}))?"
        rf"|sqrt\s*\(\s*{_BASE}\s*\))(?!\w|\.\d)")           # 0.5, 1e-5, 1/8, 1/sqrt(128)
@@ -82,17 +82,29 @@ _UNICODE = {"×": "x", "✕": "x", "−": "-", "–": "-", "—": "-", "→": "-
             "“": '"', "”": '"', "\u00a0": " "}
 
 
-# "1,000,000 elements", "10^6 floats", "1e6 values": an element count written as a number.
-_COUNT = (r"(?<![\w.,\[(])(?P<n>\d{1,3}(?:,\d{3})+|\d+e\+?\d+|\d+\s*(?:\^|\*\*)\s*\d+)"
-          r"(?=[\s-]+(?:elements?|values|numbers|entries|floats)\b)")
+# "1,000,000 elements", "1 000 000 float32 values", "10^6 floats", "1e6 values": an element count
+# written as a number.  Separators and powers are read only before a count noun (a dtype or an
+# adjective may sit between), where they cannot be a shape such as "8,128,128".
+_COUNT_NOUN = r"(?:elements?|values|numbers|entries|floats|scalars|rows|columns|cols|tokens|samples)"
+_COUNT_FILL = r"(?:(?:fp|float|bf|bfloat)[\s_-]?(?:16|32)|half|single|f16|f32|random|input|contiguous)"
+_COUNT = (r"(?<![\w.,\[(])(?P<n>\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+e\+?\d+|\d+\s*(?:\^|\*\*)\s*\d+)"
+          rf"(?=[\s-]+(?:{_COUNT_FILL}[\s-]+){{0,2}}{_COUNT_NOUN}\b)")
+# "4 million elements": number words are never sizes of their own, so they are read anywhere.
+_MILLION = r"(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s*(?P<w>thousand|million|billion)\b"
+_WORD_POWERS = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
 
 
 def _count_digits(m: re.Match) -> str:
-    parts = re.split(r"\s*(?:\^|\*\*)\s*|e\+?", m.group("n").replace(",", ""))
+    parts = re.split(r"\s*(?:\^|\*\*)\s*|e\+?", re.sub(r"[, ]", "", m.group("n")))
     if len(parts) == 1:
         return parts[0]
     b, e = int(parts[0]), min(int(parts[1]), 64)   # too large stays too large: refused as out of range
     return str(b * 10 ** e if "e" in m.group("n") else b ** e)
+
+
+def _number_word(m: re.Match) -> str:
+    value = float(m.group("n")) * _WORD_POWERS[m.group("w")]
+    return str(int(value)) if value == int(value) else m.group(0)   # "1.0000005 million": left to refuse
 
 
 class _Ctx:
@@ -102,6 +114,7 @@ class _Ctx:
         for a, b in _UNICODE.items():
             norm = norm.replace(a, b)
         norm = _rx(_COUNT).sub(_count_digits, norm)
+        norm = _rx(_MILLION).sub(_number_word, norm)
         self.norm = norm            # the whole request, lowercased
         self.s = norm               # the same with everything already used blanked out
         self.items: list[_Item] = []
@@ -120,6 +133,10 @@ class _Ctx:
         for m in found:
             self.s = self.s[:m.start()] + " " * (m.end() - m.start()) + self.s[m.end():]
         return found
+
+    def use(self, start: int, end: int) -> None:
+        """Mark text[start:end] used (a match found in the whole request, not in what is left)."""
+        self.s = self.s[:start] + " " * (end - start) + self.s[end:]
 
     def note(self, key: str, value) -> None:
         self.understood.setdefault(key, []).append(value)
@@ -153,13 +170,16 @@ class _Ctx:
 
     def to_int(self, token: str) -> int:
         token = token.strip()
-        value = int(token[:-1]) * 1024 if token.endswith("k") else int(token)
-        if token.endswith("k"):
-            self.assume(f"read '{token}' as {value} (k = 1024)")
+        unit = _SUFFIX.get(token[-1:])
+        value = int(token[:-1]) * unit[0] if unit else int(token)
+        if unit:
+            self.assume(f"read '{token}' as {value} ({token[-1]} = {unit[1]})")
         if not 1 <= value <= MAX_DIM:
             raise _Fail(f"the size {token} is out of range: sizes must be between 1 and {MAX_DIM}.")
         return value
 
+
+_SUFFIX = {"k": (1024, "1024"), "m": (1024 * 1024, "2^20")}   # binary, like the k every kernel author means
 
 _SIZE_NAMES = {"rows": "the number of rows", "cols": "the row width", "batch": "the batch size",
                "seq": "the sequence length", "in_features": "the input features",

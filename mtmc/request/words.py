@@ -7,8 +7,9 @@ import re
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.spec import KernelSpec
+from mtmc.request.phrases import _XSHAPE
 from mtmc.request.reading import (
-    DEFAULT_LEAKY_SLOPE, NUM, _AFTER, _BOUNDARY, _Ctx, _Fail, _SEQ, _number, _rx, _vocabulary,
+    DEFAULT_LEAKY_SLOPE, NUM, _AFTER, _BOUNDARY, _Ctx, _Fail, _Item, _SEQ, _number, _rx, _vocabulary,
 )
 
 
@@ -171,12 +172,45 @@ def _read_words(ctx: _Ctx) -> None:
 
 
 def _read_matrix_product(ctx: _Ctx) -> None:
-    """"a 1024x512 matrix times a 512x256 matrix", "multiply two 4096x4096 matrices": a matmul,
-    unless the request says elementwise (then it is the mul step)."""
-    if _rx(_ELEMENTWISE_WORDS).search(ctx.s) or not _rx(r"\bmatri(?:x|ces)\b").search(ctx.s):
+    """"a 1024x512 matrix times a 512x256 matrix", "multiply two 4096x4096 matrices", "8 batches
+    of 64x128 times 128x96": a matmul, unless the request says elementwise (then it is the mul step)."""
+    elementwise = bool(_rx(_ELEMENTWISE_WORDS).search(ctx.s))
+    _read_shape_product(ctx, elementwise)
+    if elementwise:
+        return
+    if not _rx(r"\bmatri(?:x|ces)\b").search(ctx.s):
         return
     for m in ctx.take(_MULTIPLY):
         ctx.add_core(m, "matmul", "matmul")
+
+
+_SHAPE_TIMES = (rf"(?P<a>{_XSHAPE})\s+(?P<v>times|multiplied\s+(?:by|with)|@|matmul(?:ed)?\s+(?:by|with))"
+                rf"\s+(?:an?\s+|the\s+)?(?P<b>{_XSHAPE})")
+
+
+def _read_shape_product(ctx: _Ctx, elementwise: bool) -> None:
+    """"64x128 times 128x96": two shapes whose inner dims agree, joined by a multiplying word, are a
+    matrix product; with a batch count ("8 batches of ...") a batched one.  "64x64 times 64x64
+    elementwise" is the mul step."""
+    for m in _rx(_SHAPE_TIMES).finditer(ctx.norm):
+        if ctx.s[m.start("v"):m.end("v")] != m.group("v"):
+            continue                                   # the verb was read already
+        a, b = (_rx(r"\d+[km]?").findall(m.group(g)) for g in ("a", "b"))
+        inner = len(b) in (2, 3) and len(a) >= 2 and a[-1] == b[-2]
+        if elementwise or (a == b and not inner):     # equal shapes that cannot be a matrix product
+            if a == b:
+                ctx.use(m.start("v"), m.end("v"))
+                ctx.add_steps(m, [{"op": "mul"}])
+            continue
+        if not inner:
+            continue                                   # left for the leftover check to refuse
+        ctx.use(m.start("v"), m.end("v"))
+        op = "bmm" if "batch" in ctx.sizes and len(b) == 2 else "matmul"
+        ctx.items.append(_Item(m.start("v"), m.end("v"), m.group("v"), family="matmul", op=op))
+        ctx.note("ops", f"{m.group(0).strip()!r} -> {op} (a matrix product: the inner dims agree)")
+        if a == b:
+            ctx.assume(f"'{m.group(0).strip()}' read as a matrix product; say 'elementwise' for the "
+                       "elementwise one")
 
 
 def _read_numeric_steps(ctx: _Ctx) -> None:

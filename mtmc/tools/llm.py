@@ -56,13 +56,101 @@ def endpoint(llm) -> str:
     return str(getattr(llm, "openai_api_base", None) or getattr(llm, "base_url", None) or "the configured endpoint")
 
 
-def ask(llm, system: str, user: str) -> str:
-    """The model's reply to one system + user message, stripped; LLMFailure when there is none."""
+def ask(llm, system: str, user: str, role: str = "", calls: list | None = None, json_reply: bool = False) -> str:
+    """The model's reply to one system + user message, stripped; LLMFailure when there is none.
+    `calls` (a run's list) gets one record per call: role, latency, tokens, and why it failed.
+    json_reply asks for a JSON object (response_format) where the server takes it, plain text
+    where it refuses the option (remembered per endpoint and model)."""
+    start = time.monotonic()
+    record = {"role": role or "llm", "ok": False, "latency_s": 0.0, "prompt_tokens": None,
+              "completion_tokens": None}
+    if calls is not None:
+        calls.append(record)
+    try:
+        text, usage = _reply_text(llm, system, user, json_reply)
+    except LLMFailure as exc:
+        record["error"] = str(exc)
+        raise
+    finally:
+        record["latency_s"] = round(time.monotonic() - start, 3)
+    record.update(ok=True, **usage)
+    return text
+
+
+_NO_JSON_MODE: set[tuple[str, str]] = set()   # (endpoint, model) that refused response_format
+
+
+def _reply_text(llm, system: str, user: str, json_reply: bool) -> tuple[str, dict]:
+    key = (endpoint(llm), str(getattr(llm, "model_name", "")))
+    bound = llm
+    if json_reply and key not in _NO_JSON_MODE:
+        bound = llm.bind(response_format={"type": "json_object"})
     start = time.monotonic()
     try:
-        reply = llm.invoke([("system", system), ("user", user)])
+        reply = bound.invoke([("system", system), ("user", user)])
     except Exception as exc:  # the client raises many kinds; each becomes a reason in words
+        if bound is not llm and getattr(exc, "status_code", None) in (400, 404, 415, 422, 501):
+            _NO_JSON_MODE.add(key)      # the server does not take JSON mode: ask again in plain text
+            return _reply_text(llm, system, user, json_reply)
         raise LLMFailure(_reason(exc, time.monotonic() - start)) from exc
+    text = _content(reply)
+    if json_reply and (getattr(reply, "response_metadata", None) or {}).get("finish_reason") == "length":
+        raise LLMFailure("truncated reply (the model hit its token limit)")
+    return text, _usage(reply)
+
+
+ATTEMPTS = 3        # replies a role asks for before it gives up (bad format, invalid content)
+# Worth asking again: the model answered, but not in the form asked for.  A dead endpoint, a
+# timeout or an HTTP error is not retried here (the client already retried once).
+_RETRY = ("malformed reply", "empty reply", "truncated reply", "off-format reply", "invalid: ")
+
+
+def ask_json(llm, system: str, user: str, check, role: str = "", calls: list | None = None,
+             attempts: int = ATTEMPTS):
+    """check(the reply's JSON object) -> a result, or ValueError with the reason it is unusable; a
+    bad reply is shown its reason and asked again, at most `attempts` times.  LLMFailure (the
+    last reason) when no reply is usable."""
+    note = ""
+    for _ in range(attempts):
+        try:
+            text = ask(llm, system, user + note, role=role, calls=calls, json_reply=True)
+            return check(json_object(text))
+        except ValueError as exc:
+            failure = f"invalid: {exc}" if not str(exc).startswith("off-format") else str(exc)
+        except LLMFailure as exc:
+            failure = str(exc)
+            if not failure.startswith(_RETRY):
+                raise
+        if calls:
+            calls[-1].update(ok=False, error=failure)
+        note = (f"\n\nYour last reply could not be used ({_short(failure, 400)}). Answer again with one JSON "
+                "object in the format asked for, nothing else.")
+    raise LLMFailure(f"{attempts} replies, none usable; the last: {failure}")
+
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+
+
+def json_object(text: str) -> dict:
+    """The JSON object a reply holds (bare, in a code fence, or amid words); ValueError otherwise."""
+    import json
+    fenced = _FENCE.search(text)
+    body = fenced.group(1) if fenced else text[text.find("{"):text.rfind("}") + 1]
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise ValueError(f"off-format reply (not a JSON object: {_short(text, 80)})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"off-format reply (JSON {type(value).__name__}, not an object)")
+    return value
+
+
+def _usage(reply) -> dict:
+    meta = getattr(reply, "usage_metadata", None) or {}
+    return {"prompt_tokens": meta.get("input_tokens"), "completion_tokens": meta.get("output_tokens")}
+
+
+def _content(reply) -> str:
     content = getattr(reply, "content", reply)
     if isinstance(content, list):  # content blocks: keep the text ones
         content = "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content
@@ -81,6 +169,8 @@ def _reason(exc: Exception, elapsed: float) -> str:
     except ImportError:
         openai = None
     if openai is not None:
+        if isinstance(exc, getattr(openai, "LengthFinishReasonError", ())):   # JSON mode, cut off
+            return "truncated reply (the model hit its token limit)"
         if isinstance(exc, openai.APITimeoutError):
             return f"timed out after {elapsed:.0f} s"
         if isinstance(exc, openai.APIConnectionError):

@@ -56,7 +56,7 @@ def gpu_status() -> str:
 
 
 def llm_status(settings: Settings) -> str:
-    # Only the why-answers use the model; say exactly that, so nobody thinks it plans or codes.
+    # Say exactly which roles use the model, so nobody thinks it plans or codes.
     if not settings.llm_configured:
         return ("LLM: **offline**: the parser, planner, coder and debugger are deterministic, and "
                 "why-answers are the structured facts from the run's records")
@@ -64,8 +64,8 @@ def llm_status(settings: Settings) -> str:
     if importlib.util.find_spec("langchain_openai") is None:
         return f"LLM: {where} is set, but langchain-openai is not installed here: **offline**"
     return (f"LLM: {where} writes the **why-answers** as prose from the run's recorded facts (shown "
-            f"under each answer; if it cannot be reached the answer says why and gives the facts); "
-            f"parsing, planning and coding stay deterministic")
+            f"under each answer; if it cannot be reached the answer says why and gives the facts) and "
+            f"reads the requests the rule parser refuses or is unsure of; planning and coding stay deterministic")
 
 
 def isolation_status() -> str:
