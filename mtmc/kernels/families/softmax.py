@@ -16,8 +16,9 @@ from mtmc.kernels.spec import KernelSpec
 NEG_INF = 'float("-inf")'
 # Strided default: the softmax dim stays whole in one tile up to this length (else it loops over
 # chunks with an online max and sum), and a tile holds about STRIDED_TILE values.
-STRIDED_SINGLE_LIMIT = 1024
+STRIDED_SINGLE_LIMIT = 512
 STRIDED_TILE = 4096
+STRIDED_MIN_ROWS = 16
 
 
 class SoftmaxFamily(_rows.RowFamily):
@@ -55,7 +56,9 @@ class SoftmaxFamily(_rows.RowFamily):
         block = max(_rows.MIN_BLOCK_N, _rows.next_pow2(spec.dims["N"]))
         if block > STRIDED_SINGLE_LIMIT:
             return _rows.default_config(spec, hw)
-        fits = [r for r in _rows.INNER_ROWS_PER_PROG if r * block <= STRIDED_TILE and r <= max(4, inner)]
+        # at least STRIDED_MIN_ROWS neighbouring columns: each row's load is a whole 32-byte sector or more
+        tile = max(STRIDED_TILE, STRIDED_MIN_ROWS * block)
+        fits = [r for r in _rows.INNER_ROWS_PER_PROG if r * block <= tile and r <= max(4, inner)]
         rows = max(fits, default=_rows.INNER_ROWS_PER_PROG[0])
         return {"BLOCK_N": block, "num_warps": _rows.warps_for(rows * block), "num_stages": 1,
                 "ROWS_PER_PROG": rows, "PERSISTENT": False}
