@@ -45,6 +45,7 @@ FULL_SIZE = {
     "toplevel_branch.py": {"rows": 8192, "dim": 2048},
     "gemm_swish_scale.py": {"batch_size": 8192, "in_features": 4096, "out_features": 4096},
     "layernorm_noweight.py": {"batch": 16, "seq": 512, "hidden": 4096},
+    "softmax_dims.py": {"B": 32, "C": 64, "H": 128, "W": 128, "L": 16384},
 }
 
 

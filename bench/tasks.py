@@ -57,3 +57,16 @@ SCANLOSS_TASKS = [
     "cosine similarity loss of 32768x8192 fp32 tensors",
     "hinge loss of 32768x32768 fp32 tensors",
 ]
+
+# Row ops over other dims (softmax over the channels of conv outputs, read in place) and
+# reductions of a whole tensor to one value (split over the GPU): ~1-4 GB per pass.
+EXTRAS_TASKS = [
+    "softmax over dim 1 of a 128x128x128x128 fp32 tensor",
+    "softmax along the channel dim of a 16x64x32x128x128 fp16 tensor then add a bias, then sigmoid",
+    "log softmax over dim 1 of a 64x1024x4096 bf16 tensor",
+    "softmax over dim 0 of a 4096x65536 fp32 tensor",
+    "sum of all elements of a 32768x32768 fp32 tensor",
+    "mean over all dims of a 64x4096x4096 fp16 tensor",
+    "max over all dims of a 64x4096x4096 fp32 tensor",
+    "logsumexp over all dims of a 16384x16384 fp32 tensor",
+]

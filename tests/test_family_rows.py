@@ -298,7 +298,7 @@ def test_describe():
     (reduction.FAMILY, "sum", {}, {"M": 4, "N": 0}, "positive"),
     (reduction.FAMILY, "sum", {"inner": 3}, None, "divide"),
     (reduction.FAMILY, "max", {"inner": 0}, None, "inner"),
-    (softmax.FAMILY, "softmax", {"inner": 2}, None, "inner"),
+    (norm.FAMILY, "layernorm", {"inner": 2}, None, "inner"),  # softmax takes inner (middle dims)
 ])
 def test_validate_rejects_bad_specs(family, op, params, dims, match):
     spec = KernelSpec(family.name, op, dims or {"M": 4, "N": 8}, "float32", params)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mtmc.kernels import pointwise
-from mtmc.module import conv_fusion, loss_fusion, pointwise_fusion, pool_fusion, scan_fusion
+from mtmc.module import conv_fusion, identities, loss_fusion, pointwise_fusion, pool_fusion, scan_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -125,6 +125,18 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
+        self._classify(desc)
+        # identity ops (clone, detach, eval dropout ...) are read past, so they split no group
+        self.dropped = identities.identity_nodes(self.g, self.sem, self._mutations())
+        if self.dropped:
+            self._classify(identities.without_identities(desc, self.dropped))
+        self.taken: set[str] = set()
+        self.shared: set[str] = set()   # cheap producers recomputed inside each consumer
+        self.mutations = self._mutations()
+        self.groups: list[Group] = []
+        self.next_id = first_id
+
+    def _classify(self, desc: dict) -> None:
         self.g = Graph(desc)
         classify = Classifier(self.g, plugins=PLUGINS)
         self.sem: dict[str, object] = {}
@@ -138,11 +150,6 @@ class Partitioner:
                 s, self.why[n["name"]] = None, _not_analysed(e)
             if s is not None:
                 self.sem[n["name"]] = s
-        self.taken: set[str] = set()
-        self.shared: set[str] = set()   # cheap producers recomputed inside each consumer
-        self.mutations = self._mutations()
-        self.groups: list[Group] = []
-        self.next_id = first_id
 
     def _mutations(self) -> list[tuple[str, str]]:
         """(in-place node, the value it changes), e.g. x.relu_(), F.relu(x, inplace=True)."""
@@ -353,6 +360,9 @@ class Partitioner:
                 main_view = {"view": "strided", "dim": a.dim}
         else:
             main_view, dims = {"view": "rows", "contiguous": True}, {"M": math.prod(shape) // shape[-1], "N": shape[-1]}
+            if a.family == "softmax" and a.dim is not None and a.dim != len(shape) - 1:  # in place, strided
+                main_view, inner = {"view": "strided", "dim": a.dim}, math.prod(shape[a.dim + 1:])
+                dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
         # vector operands run along the kernel's last dim: only when x's last dim stays last
         vector_ok = main_view == {"view": "rows", "contiguous": True}
         full = {"view": "like", "of": "main"}
@@ -578,7 +588,8 @@ class Partitioner:
         left = []
         for n in self.g.nodes:
             name = n["name"]
-            if name in self.taken or n["op"] in ("placeholder", "output", "get_attr") or not self._makes_tensors(name):
+            if name in self.taken or name in self.dropped or n["op"] in ("placeholder", "output", "get_attr") \
+                    or not self._makes_tensors(name):
                 continue
             gather = self._indexes_by_tensor(name)
             if n["target"].rsplit(".", 1)[-1].rstrip("_") in free and not gather:

@@ -4,7 +4,7 @@ Reads one graph of module.capture's result (plain JSON) and classifies its nodes
 (a unary step of the pointwise vocabulary, or a binary op of two values), *anchors* a kernel is
 built around (matmul / linear / bmm, reductions, softmax, layer and RMS norms; plugins add more:
 convolutions, module.conv_fusion; pooling, module.pool_fusion), or neither.
-Near misses (a softmax over a middle dim, dropout in training mode, an in-place op on a shared
+Near misses (a softmax with dim=None, dropout in training mode, an in-place op on a shared
 tensor) raise Reject with the reason, which the report repeats.  Function targets are matched
 by torch.fx's qualified names of the real torch functions, so torch versions agree.
 """
@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mtmc.kernels.spec import DTYPES
-from mtmc.module import activations
+from mtmc.module import activations, identities
 from mtmc.module.fxjson import arg_nodes, decode_arg, target_name
 
 
@@ -129,6 +129,10 @@ UNARY_MODULES = {_cls(c): op for c, op in [
 UNARY_FUNCTIONS.update(activations.FUNCTIONS)
 UNARY_METHODS.update(activations.METHODS)
 UNARY_MODULES.update(activations.MODULES)
+# more forms of identities (module.identities, which also removes them before fusion)
+UNARY_FUNCTIONS.update(identities.FUNCTIONS)
+UNARY_METHODS.update(identities.METHODS)
+UNARY_MODULES.update(identities.MODULES)
 BINARY_FUNCTIONS = {q(f): op for f, op in [
     (operator.add, "add"), (torch.add, "add"), (operator.sub, "sub"), (torch.sub, "sub"),
     (operator.mul, "mul"), (torch.mul, "mul"), (operator.truediv, "div"), (torch.div, "div"),
@@ -486,9 +490,10 @@ class Classifier:
 
     def _softmax(self, name: str, op: str, x, dim) -> Anchor:
         shape, _ = self._float_tensor(x, "the input")
-        if dim is None or not isinstance(dim, int) or dim % len(shape) != len(shape) - 1:
-            raise Reject(f"{op} over dim {dim}, not the last dim")
-        return Anchor("softmax", op, x, out=name, replaces=[name])
+        if dim is None or isinstance(dim, bool) or not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
+            raise Reject(f"{op} over dim {dim!r}: kernels take one dim given as an integer")
+        # a middle dim is read in place as [outer, dim, inner] (the strided row layout)
+        return Anchor("softmax", op, x, out=name, replaces=[name], dim=dim % len(shape))
 
     def _norm(self, name: str, op: str, x, normalized_shape, weight, bias, eps) -> Anchor:
         shape, dtype = self._float_tensor(x, "the input")

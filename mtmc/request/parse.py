@@ -27,6 +27,7 @@ from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
+from mtmc.request.extras_words import extras_builder, read_extras
 from mtmc.request.pointred_words import build_reduction, read_pointred, reduces_other_dims
 from mtmc.request.formulas import _read_formulas
 from mtmc.request.pool_words import build_pool, read_pool
@@ -80,6 +81,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     read_pool(ctx)   # a pooling's own words (window, stride ...)
     read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
     read_scanloss(ctx)   # a scan's or a loss's own words (reverse, reduction, margin ...)
+    read_extras(ctx)   # 'along the channel dim'
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -92,6 +94,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
         or _BUILDERS[family]
     if family == "reduction" and reduces_other_dims(ctx):
         build = build_reduction
+    build = extras_builder(ctx, family) or build   # softmax over a middle dim, a sum of all elements
     spec = build(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)

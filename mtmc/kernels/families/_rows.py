@@ -150,11 +150,14 @@ class Rows:
     def ref_epilogue(self, var: str) -> list[str]:
         return step_lines(self.epilogue, var, self.step_names(self.epi_operands), pointwise.torch_expr)
 
-    def ref_sources(self, op_lines: list[str], scale_lines: list[str]) -> str:
+    def ref_sources(self, op_lines: list[str], scale_lines: list[str], full_out: bool = False) -> str:
         """`reference`: prologue, op_lines (leaving the op's output y), epilogue.
         `error_scale`: the same op_lines, then scale_lines (leaving s, the magnitude y's error
-        is judged against) carried through the epilogue with pointwise.ERROR_GAIN."""
-        reference = self.ref_function("reference", [*op_lines, *self.ref_epilogue("y"), "return y"])
+        is judged against) carried through the epilogue with pointwise.ERROR_GAIN.
+        full_out: the output is x-shaped (softmax); a strided one is returned as the kernel's
+        [M, N] view of the [M / Q, N, Q] buffer."""
+        rows = f".reshape(-1, {self.spec.dims['N']})" if full_out and self.inner > 1 else ""
+        reference = self.ref_function("reference", [*op_lines, *self.ref_epilogue("y"), f"return y{rows}"])
         carry = ["x = y"]
         names = self.step_names(self.epi_operands)
         for i, step in enumerate(self.epilogue):
@@ -165,7 +168,7 @@ class Rows:
             elif pointwise.error_gain(step, names.get(i)):
                 carry.append("s = " + pointwise.error_gain(step, names.get(i)))
             carry.append(f"x = {pointwise.torch_expr([step], 'x', {0: names[i]} if i in names else {})}")
-        scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
+        scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, f"return (s + x.abs()){rows}"])
         return self.helpers() + reference + "\n\n" + scale
 
     def helpers(self) -> str:
@@ -327,8 +330,6 @@ class RowTemplate:
         self.out_rows_only = out_rows_only   # output [M] (reductions) rather than [M, N]
         self.single = self.config["BLOCK_N"] >= rows.spec.dims["N"]
         self.strided = rows.inner > 1
-        if self.strided and not out_rows_only:
-            raise ValueError("the strided (inner) layout is for reductions only")
 
     # -- tile pieces --
     def chunks(self, body: list[str], comment: str = "") -> list[str]:
@@ -386,6 +387,8 @@ class RowTemplate:
     def store(self, var: str) -> str:
         if self.out_rows_only:
             return f"tl.store(out_ptr + rows64 * stride_out, {var}.to(out_ptr.dtype.element_ty), mask=row_mask)"
+        if self.strided:  # an x-shaped output lies in x's own [M / Q, N, Q] order
+            return f"tl.store(out_ptr + {self._flat_index()}, {var}.to(out_ptr.dtype.element_ty), mask=mask)"
         return (f"tl.store(out_ptr + rows64[:, None] * stride_out + cols[None, :], "
                 f"{var}.to(out_ptr.dtype.element_ty), mask=mask)")
 
@@ -440,7 +443,8 @@ class RowTemplate:
         if self.strided:
             lines += [f"    Q = {self.rows.inner}  # x's buffer is [M / Q, N, Q], contiguous",
                       "    assert M % Q == 0 and all(t.is_contiguous() for t in "
-                      f"({', '.join(self._full_names())},)), 'strided kernel: contiguous [M / Q, N, Q] buffers'",
+                      f"({', '.join(self._full_names() + ([] if self.out_rows_only else ['out']))},)), "
+                      "'strided kernel: contiguous [M / Q, N, Q] buffers'",
                       f"    groups = (M // Q) * triton.cdiv(Q, {c['ROWS_PER_PROG']})"]
         else:
             lines.append(f"    groups = triton.cdiv(M, {c['ROWS_PER_PROG']})")

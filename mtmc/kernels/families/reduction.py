@@ -11,7 +11,7 @@ running max and rescales its running sum when the max grows (looped, one read of
 from __future__ import annotations
 
 from mtmc.kernels import pointwise
-from mtmc.kernels.families import _rows
+from mtmc.kernels.families import _rows, _split
 from mtmc.kernels.family import TensorArg
 from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
@@ -100,7 +100,25 @@ class ReductionFamily(_rows.RowFamily):
                                         logical=True)]
         return rows.helpers() + "\n\n".join(parts)
 
+    # -- the split knob: a few long rows shared by many programs (kernels.families._split) --
+    def config_space(self, spec: KernelSpec) -> dict[str, list]:
+        return {**_rows.config_space(spec), "SPLIT": list(_split.SPLITS) if _split.splittable(spec) else [1]}
+
+    def default_config(self, spec: KernelSpec, hw) -> dict:
+        config = _rows.default_config(spec, hw)
+        return {**config, "SPLIT": _split.default_split(spec, config["BLOCK_N"], hw)}
+
+    def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:
+        dims = _rows.check_dims(spec, config)
+        if config.get("SPLIT", 1) > 1:   # several segments, the last one ragged
+            dims["N"] = min(spec.dims["N"], 3 * config["BLOCK_N"] + 17)
+        return dims
+
     def render(self, spec: KernelSpec, config: dict) -> str:
+        if config.get("SPLIT", 1) > 1:
+            if config["SPLIT"] not in self.config_space(spec)["SPLIT"]:
+                raise ValueError(f"SPLIT={config['SPLIT']} is not legal for {spec.op} over {spec.dims['M']} rows")
+            return _split.render(self, spec, config, _looped, FILL[spec.op])
         t = _rows.RowTemplate(self.layout(spec), config, f"{spec.op}_rows_kernel", out_rows_only=True)
         load = t.load_x(FILL[spec.op])
         body = _single_pass(spec.op, t, load) if t.single else _looped(spec.op, t, load)
