@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import conv_fusion
+from mtmc.module import conv_fusion, norm_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -122,7 +122,7 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g, plugins=(conv_fusion,))
+        classify = Classifier(self.g, plugins=(conv_fusion, norm_fusion))
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -394,6 +394,9 @@ class Partitioner:
     def _conv_group(self, name: str, a: Anchor) -> None:
         conv_fusion.build(self, name, a)   # the conv, its bias and its pointwise tail
 
+    def _norm_group(self, name: str, a: Anchor) -> None:
+        norm_fusion.build(self, name, a, _Builder)   # row norms go back to _rows_group
+
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:
         """The builder of a group around a weighted anchor (matmul, conv): its input and weight in
@@ -435,11 +438,13 @@ class Partitioner:
     def run(self) -> list[Group]:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
+        norm_fusion.patterns(self)   # x / norm(x)
         self._silu_patterns()
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                build = {"matmul": self._matmul_group, "conv": self._conv_group}.get(a.family, self._rows_group)
+                build = {"matmul": self._matmul_group, "conv": self._conv_group, "norm": self._norm_group}.get(
+                    a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)

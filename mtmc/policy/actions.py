@@ -16,6 +16,9 @@ KNOB_KIND = {
     "num_warps": "warps", "num_stages": "pipeline", "GROUP_M": "swizzle",
     "SPLIT_K": "split_k", "PERSISTENT": "persistent", "ROWS_PER_PROG": "rows_per_program",
     "ALGO": "algorithm", "LAYOUT": "layout", "PRECISION": "precision",
+    # the norm family's split template: statistics tile, programs per statistic, normalize pass
+    "BLOCK_P": "tile", "BLOCK_T": "tile", "BLOCK_Q": "tile", "NORM_BLOCK": "tile", "norm_warps": "warps",
+    "SPLIT": "split",
 }
 
 WHY_KIND = {
@@ -32,6 +35,8 @@ WHY_KIND = {
               "at the cost of a copy",
     "precision": "three TF32 tensor-core products per fp32 product keep fp32 accuracy at several times "
                  "the throughput of IEEE FMAs",
+    "split": "splitting each statistic over several programs (partial sums merged after) fills the GPU when "
+             "there are few, long statistics",
     "stop": "no legal change is predicted to help",
 }
 
