@@ -75,6 +75,17 @@ def test_row_template_serves_l1_l2(op, params, block):
     assert_matches_torch(spec, cfg)
 
 
+@pytest.mark.parametrize("op, params", [("rmsnorm", {"eps": 1e-5}), ("l2norm", {"eps": 1e-12}), ("l1norm", {}),
+                                        ("rmsnorm", {"epilogue": [{"op": "relu"}, {"op": "add"}]})])
+@pytest.mark.parametrize("block", [64, 32])   # the channels in one tile, and in chunks
+def test_norms_over_a_middle_dim_read_x_in_place(op, params, block):
+    """x [2, 40, 12] normalized over dim 1 (spec inner=12): the strided row layout, out laid out as x."""
+    spec = KernelSpec("norm", op, {"M": 24, "N": 40}, "float32", {"inner": 12, **params})
+    cfg = {**NORM.default_config(spec, H200), "BLOCK_N": block, "ROWS_PER_PROG": 4}
+    assert NORM.config_space(spec)["SPLIT"] == [1]
+    assert_matches_torch(spec, cfg)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op, dims, params", [("batchnorm", {"N": 2, "C": 3, "S": 40}, {}),
                                               ("groupnorm", {"N": 2, "C": 4, "S": 20}, {"groups": 2}),
@@ -155,6 +166,8 @@ COMPILE_SPECS = {  # KernelBench shapes
     "frobenius": KernelSpec("norm", "frobenius", {"M": 112 * 64 * 512, "N": 512}),
     "l2norm": KernelSpec("norm", "l2norm", {"M": 32768, "N": 65535}),
     "layernorm_split": KernelSpec("norm", "layernorm", {"M": 16, "N": 64 * 256 * 256}),
+    "rmsnorm_channels": KernelSpec("norm", "rmsnorm", {"M": 112 * 512 * 512, "N": 64},
+                                   params={"inner": 512 * 512, "affine": False}),
 }
 
 def test_default_configs_compile_for_sm90_without_spills():
@@ -167,7 +180,7 @@ def test_default_configs_compile_for_sm90_without_spills():
     for name, report in reports.items():
         assert report["violations"] == [], f"{name}: {report['violations']}"
         names = {k["name"] for k in report["kernels"]}
-        assert names & {"norm_apply", "layernorm_kernel", "l2norm_kernel"}, (name, names)
+        assert names & {"norm_apply", "layernorm_kernel", "l2norm_kernel", "rmsnorm_kernel"}, (name, names)
         for k in report["kernels"]:
             assert k["error"] is None, f"{name} {k['name']}: {k['error']}"
             assert k["spill_bytes"] == 0 and k["regs"] <= 255, (name, k)

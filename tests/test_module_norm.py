@@ -69,6 +69,47 @@ def test_model_new_matches_model_and_updates_the_running_buffers(block, tmp_path
         new(*m.get_inputs())
 
 
+CHANNELS = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        a = x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)   # RMSNorm over the channels
+        b = F.normalize(a, dim=1)
+        c = b * torch.rsqrt((b * b).mean(1, keepdim=True) + 1e-6)
+        d = c / c.norm(p=1, dim=1, keepdim=True)
+        return d / torch.sqrt(d.pow(2).mean(-1, keepdim=True) + 1e-5) - 0.5   # and over the last dim
+
+
+def get_inputs():
+    return [torch.randn(2, 6, 5, 7)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_normalizations_over_the_channels_read_x_in_place(tmp_path):
+    path = tmp_path / "channels.py"
+    path.write_text(CHANNELS)
+    cap = capture(str(path))
+    part = partition(cap)
+    assert [(g.spec["op"], g.spec["params"].get("inner")) for g in part.groups] == [
+        ("rmsnorm", 35), ("l2norm", 35), ("rmsnorm", 35), ("l1norm", 35), ("rmsnorm", None)]
+    assert part.groups[0].inputs[0]["view"] == "strided" and part.groups[0].spec["dims"] == {"M": 70, "N": 6}
+    assert part.groups[-1].spec["params"]["epilogue"] == [{"op": "shift", "value": -0.5}]
+    assert part.torch_ops == []
+    out = tmp_path / "new_channels.py"
+    out.write_text(assemble(CHANNELS, cap, part.groups, template_kernels(part.groups)))
+    m = load_file(out, "norm_channels_new")
+    x = m.get_inputs()
+    torch.testing.assert_close(m.ModelNew()(*x), m.Model()(*x), rtol=1e-4, atol=1e-5)
+
+
 NEAR_MISSES = '''
 import torch
 import torch.nn as nn
@@ -83,7 +124,7 @@ class Model(nn.Module):
 
     def forward(self, x, v):
         a = self.inorm(x)
-        b = F.normalize(x, dim=1)                      # over the channels of [N, C, H, W]
+        b = F.normalize(x, dim=(1, 2))                 # over two dims
         c = x / torch.norm(x, p=3)                     # a 3-norm
         d = F.group_norm(x, x.shape[1] // 2)           # groups computed from a size
         e = F.batch_norm(v, None, None, None, self.gn.bias, training=True)   # a bias without a weight
@@ -105,7 +146,7 @@ def test_near_misses_stay_pytorch_with_a_reason(tmp_path):
     part = partition(capture(str(path)))
     why = {t["op"].split(" (")[0]: t["why"] for t in part.torch_ops}
     assert "track_running_stats=True" in why["InstanceNorm2d inorm"]
-    assert "over dim 1" in why["normalize"]
+    assert "over dim (1, 2)" in why["normalize"]
     assert "a bias but no weight" in why["batch_norm"]
     assert "group_norm" in why and "norm" in why
     assert [g.spec["op"] for g in part.groups if g.family == "norm"] == []

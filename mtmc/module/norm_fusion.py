@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtmc.module.fx_ops import Anchor, NodeRef, Reject, _arg, _cls, q
+from mtmc.module.fx_ops import RSQRT, SQRT, Anchor, NodeRef, Pointwise, Reject, _arg, _cls, q
 
 BATCH_NORM_MODULES = {_cls(c) for c in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)}
 INSTANCE_NORM_MODULES = {_cls(c) for c in (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)}
@@ -28,6 +28,7 @@ SUM_FUNCTIONS = {q(torch.sum)}
 ABS_FUNCTIONS = {q(torch.abs), q(operator.abs)}
 DIV_FUNCTIONS = {q(operator.truediv), q(torch.div)}
 ROW_OPS = ("layernorm", "rmsnorm", "l1norm", "l2norm")
+ROOTS = {"sqrt": SQRT, "rsqrt": RSQRT}
 
 
 # -- classifying ----------------------------------------------------------------------------------
@@ -148,10 +149,24 @@ def _normalize(c, name: str, x, p, dim, eps) -> Anchor:
     shape, _ = c._float_tensor(x, "the input")
     if p not in (1, 2, 1.0, 2.0):
         raise Reject(f"F.normalize with p={p!r}; the catalog has p=1 and p=2")
-    if not _last_dim(shape, dim):
-        raise Reject(f"F.normalize over dim {dim} of a {shape} tensor; kernels normalize the last dim")
+    d = _norm_dim(shape, dim)
+    if d == -1:
+        raise Reject(f"F.normalize over dim {dim!r} of a {shape} tensor")
     op = "l2norm" if p in (2, 2.0) else "l1norm"
-    return Anchor("norm", op, x, params={"eps": float(_number(c, eps, "eps", 1e-12))}, out=name, replaces=[name])
+    return Anchor("norm", op, x, params={"eps": float(_number(c, eps, "eps", 1e-12))}, out=name, replaces=[name],
+                  dim=d)
+
+
+def _norm_dim(shape: list[int], dim) -> int | None:
+    """The dim a row normalization runs over: None for the last (trailing size-1 dims allowed),
+    else the middle dim, read in place as the strided [M / Q, N, Q] layout; -1 when not one dim."""
+    if _last_dim(shape, dim):
+        return None
+    if isinstance(dim, (list, tuple)) and len(dim) == 1:
+        dim = dim[0]
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -len(shape) <= dim < len(shape):
+        return -1
+    return dim % len(shape)
 
 
 # -- hand-written normalizations: x / norm(x) -------------------------------------------------------
@@ -174,21 +189,48 @@ def _norm_of(p, den: str, x: NodeRef):
         dim, keepdim = _arg(args, kwargs, 2, "dim"), _arg(args, kwargs, 3, "keepdim", False)
         if dim is None:   # one norm of every element (linalg.norm's ord=2 of a matrix is spectral)
             whole = order in ("fro", None) or (order in (2, 2.0) and fn != q(torch.linalg.norm))
-            return ("frobenius", []) if whole else None
-        dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
-        if keepdim and _last_dim(shape, dim) and order in (1, 1.0, 2, 2.0):
-            return ("l1norm" if order in (1, 1.0) else "l2norm"), []
+            return ("frobenius", [], None) if whole else None
+        d = _norm_dim(shape, dim)
+        if keepdim and d != -1 and order in (1, 1.0, 2, 2.0):
+            return ("l1norm" if order in (1, 1.0) else "l2norm"), [], d
         return None
     # x.abs().sum(dim, keepdim=True)
     if _node_is(g, den, SUM_FUNCTIONS, "sum") and isinstance(args[0], NodeRef):
         a = args[0].name
         a_args, _ = g.args(a)
         dim, keepdim = _arg(args, kwargs, 1, "dim"), _arg(args, kwargs, 2, "keepdim", False)
-        dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
-        if (_node_is(g, a, ABS_FUNCTIONS, "abs") and a_args and a_args[0] == x and keepdim and _last_dim(shape, dim)
+        d = _norm_dim(shape, dim)
+        if (_node_is(g, a, ABS_FUNCTIONS, "abs") and a_args and a_args[0] == x and keepdim and d != -1
                 and g.users[a] == [den]):
-            return "l1norm", [a]
-    return None
+            return "l1norm", [a], d
+    # torch.sqrt(torch.mean(x ** 2, dim, keepdim=True) + eps): a hand-written RMSNorm
+    rms = _rms_of(p, den, x, "sqrt")
+    return ("rmsnorm", *rms) if rms else None
+
+
+def _rms_of(p, node: str, x: NodeRef, root: str):
+    """(covered nodes, dim, eps) when `node` is sqrt (or rsqrt) of mean(x^2, dim, keepdim) + eps."""
+    g = p.g
+    if not _node_is(g, node, ROOTS[root], root):
+        return None
+    add = g.args(node)[0][0]
+    add_sem = p.sem.get(add.name) if isinstance(add, NodeRef) else None
+    if not isinstance(add_sem, Pointwise) or add_sem.binop != "add":
+        return None
+    var, eps = add_sem.inputs if isinstance(add_sem.inputs[0], NodeRef) else add_sem.inputs[::-1]
+    mean = p.sem.get(var.name) if isinstance(var, NodeRef) else None
+    if not (isinstance(mean, Anchor) and mean.family == "reduction" and mean.op == "mean" and mean.keepdim
+            and mean.dim is not None) or isinstance(eps, NodeRef) or g.number(eps) is None:
+        return None
+    sq = p.sem.get(mean.x.name)
+    if not (isinstance(sq, Pointwise) and (sq.steps == [{"op": "square"}] and sq.inputs[0] == x
+                                           or sq.binop == "mul" and sq.inputs == [x, x])):
+        return None
+    inner = [mean.x.name, var.name, add.name]
+    if any(len(g.users[i]) != 1 for i in inner):
+        return None
+    d = _norm_dim(g.tensor(x)[0], mean.dim)
+    return inner, d, g.number(eps)
 
 
 def patterns(p) -> None:
@@ -207,13 +249,26 @@ def patterns(p) -> None:
         if xt is None or g.tensor(name) != xt or len(g.users[den.name]) != 1:
             continue
         found = _norm_of(p, den.name, x)
-        if found is None:
+        if found is not None:
+            _mark(p, name, x, den.name, *found)
+    for n in g.nodes:   # x * rsqrt(mean(x^2, dim) + eps) over a middle dim (the last: module.fusion's)
+        name, s = n["name"], p.sem.get(n["name"])
+        if not isinstance(s, Pointwise) or s.binop != "mul" or not all(isinstance(v, NodeRef) for v in s.inputs):
             continue
-        op, covers = found
-        p.sem[name] = Anchor("norm", op, x, params={"eps": 0.0}, covers=[den.name, *covers], out=name, replaces=[name])
-        for c in [den.name, *covers]:
-            p.sem.pop(c, None)
-            p.why.pop(c, None)
+        for x, r in (s.inputs, s.inputs[::-1]):
+            rms = _rms_of(p, r.name, x, "rsqrt") if len(g.users[r.name]) == 1 else None
+            if rms and rms[1] is not None and g.tensor(name) == g.tensor(x):
+                _mark(p, name, x, r.name, "rmsnorm", *rms)
+                break
+
+
+def _mark(p, name: str, x: NodeRef, den: str, op: str, covers: list, dim, eps: float = 0.0) -> None:
+    """Node `name` (x divided or multiplied by `den`) becomes a norm anchor covering den and covers."""
+    params = {"eps": float(eps), **({"affine": False} if op == "rmsnorm" else {})}
+    p.sem[name] = Anchor("norm", op, x, params=params, covers=[den, *covers], out=name, replaces=[name], dim=dim)
+    for c in [den, *covers]:
+        p.sem.pop(c, None)
+        p.why.pop(c, None)
 
 
 # -- building the group -----------------------------------------------------------------------------
@@ -223,12 +278,16 @@ def build(p, name: str, a: Anchor, builder) -> None:
     module.fusion's group builder class."""
     shape, dtype = p.g.tensor(a.x)
     trailing = a.state.get("trailing", 1)
-    if a.op in ROW_OPS and trailing == 1:
+    if a.op in ROW_OPS and trailing == 1 and a.dim is None:
         p._rows_group(name, a)       # over the last dim: the row-wise group, prologue and all
         return
     b = builder(p.g, a.x, dtype)
     b.nodes += [name, *a.covers]
-    if a.op in ROW_OPS:               # layer / RMS norm over several trailing dims, flattened
+    if a.dim is not None:             # over a middle dim: x's buffer read in place as [M / Q, N, Q]
+        dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
+        main, vec_shape = {"view": "strided", "dim": a.dim}, [shape[a.dim]]
+        a.params["inner"] = math.prod(shape[a.dim + 1:])
+    elif a.op in ROW_OPS:             # layer / RMS norm over several trailing dims, flattened
         if len(shape) == trailing:
             p.why[name] = f"{a.op} over every dim of the input (no batch dim) is not fused"
             return

@@ -154,11 +154,12 @@ class Rows:
             return []
         return [f"{var} = {pointwise.torch_expr(self.epilogue, var, self.step_names(self.epi_operands))}"]
 
-    def ref_sources(self, op_lines: list[str], scale_lines: list[str]) -> str:
+    def ref_sources(self, op_lines: list[str], scale_lines: list[str], out_view: str = "") -> str:
         """`reference`: prologue, op_lines (leaving the op's output y), epilogue.
         `error_scale`: the same op_lines, then scale_lines (leaving s, the magnitude y's error
-        is judged against) carried through the epilogue with pointwise.ERROR_GAIN."""
-        reference = self.ref_function("reference", [*op_lines, *self.ref_epilogue("y"), "return y"])
+        is judged against) carried through the epilogue with pointwise.ERROR_GAIN.
+        out_view: appended to both results (a strided norm's [M / Q, N, Q] back to its [M, N] buffer)."""
+        reference = self.ref_function("reference", [*op_lines, *self.ref_epilogue("y"), f"return y{out_view}"])
         carry = ["x = y"]
         names = self.step_names(self.epi_operands)
         for i, step in enumerate(self.epilogue):
@@ -169,7 +170,7 @@ class Rows:
             elif gain:
                 carry.append("s = " + gain.format(v=step.get("value"), y=names.get(i)))
             carry.append(f"x = {pointwise.torch_expr([step], 'x', {0: names[i]} if i in names else {})}")
-        scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, "return s + x.abs()"])
+        scale = self.ref_function("error_scale", [*op_lines, *scale_lines, *carry, f"return (s + x.abs()){out_view}"])
         return self.helpers() + reference + "\n\n" + scale
 
     def helpers(self) -> str:
@@ -331,8 +332,6 @@ class RowTemplate:
         self.out_rows_only = out_rows_only   # output [M] (reductions) rather than [M, N]
         self.single = self.config["BLOCK_N"] >= rows.spec.dims["N"]
         self.strided = rows.inner > 1
-        if self.strided and not out_rows_only:
-            raise ValueError("the strided (inner) layout is for reductions only")
 
     # -- tile pieces --
     def chunks(self, body: list[str], comment: str = "") -> list[str]:
@@ -390,6 +389,8 @@ class RowTemplate:
                 f"{var} = {pointwise.triton_expr(self.rows.epilogue, var, names)}"]
 
     def store(self, var: str) -> str:
+        if self.strided and not self.out_rows_only:  # a norm over the middle dim: out is laid out as x
+            return f"tl.store(out_ptr + {self._flat_index()}, {var}.to(out_ptr.dtype.element_ty), mask=mask)"
         if self.out_rows_only:
             return f"tl.store(out_ptr + rows64 * stride_out, {var}.to(out_ptr.dtype.element_ty), mask=row_mask)"
         return (f"tl.store(out_ptr + rows64[:, None] * stride_out + cols[None, :], "

@@ -37,6 +37,7 @@ from mtmc.kernels.spec import DTYPES, KernelSpec
 DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6, "l2norm": 0.0, "l1norm": 0.0, "frobenius": 0.0,
                "batchnorm": 1e-5, "groupnorm": 1e-5, "instancenorm": 1e-5}
 ROW_OPS = ("layernorm", "l2norm", "l1norm", "rmsnorm")
+INNER_OPS = ("l2norm", "l1norm", "rmsnorm")   # also over a middle dim (the channels of [N, C, *spatial])
 CHANNEL_OPS = ("batchnorm", "groupnorm", "instancenorm")
 SPLITS = [1 << k for k in range(11)]          # 1 .. 1024 programs per statistic
 TILES = [1 << k for k in range(8, 15)]        # 256 .. 16384 elements per normalize tile
@@ -112,6 +113,7 @@ class NormFamily(_rows.RowFamily):
             _validate_channels(spec)
         else:
             allowed = {"prologue", "epilogue", "eps"} | ({"affine", "bias"} if spec.op in ("layernorm", "rmsnorm") else set())
+            allowed |= {"inner"} if spec.op in INNER_OPS else set()   # over the middle dim of [M / Q, N, Q]
             _rows.validate_rows(spec, allowed, epilogue=True)
         _eps(spec)
         for key in ("affine", "bias", "training", "track_running_stats"):
@@ -134,12 +136,14 @@ class NormFamily(_rows.RowFamily):
         eps, names = _eps(spec), [n for n, _ in _vectors(spec)]
         lay = self.layout(spec)
         if spec.op in ("rmsnorm", "l1norm", "l2norm", "frobenius"):
-            norm = {"rmsnorm": f"torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + {eps!r})",
-                    "l2norm": f"x.norm(p=2, dim=-1, keepdim=True).clamp_min({eps!r})",
-                    "l1norm": f"x.abs().sum(dim=-1, keepdim=True).clamp_min({eps!r})",
+            d = lay.red_dim   # the last dim, or the middle one of a strided [M / Q, N, Q] view
+            norm = {"rmsnorm": f"torch.sqrt(x.pow(2).mean(dim={d}, keepdim=True) + {eps!r})",
+                    "l2norm": f"x.norm(p=2, dim={d}, keepdim=True).clamp_min({eps!r})",
+                    "l1norm": f"x.abs().sum(dim={d}, keepdim=True).clamp_min({eps!r})",
                     "frobenius": f"torch.norm(x, p='fro').clamp_min({eps!r})"}[spec.op]
             op = [f"y = x / {norm}"] + (["y = y * weight"] if "weight" in names else [])
-            return lay.ref_sources(op, ["s = y.abs()"])
+            out_view = f".reshape(-1, {spec.dims['N']})" if lay.inner > 1 else ""
+            return lay.ref_sources(op, ["s = y.abs()"], out_view)
         weight, bias = [n if n in names else "None" for n in ("weight", "bias")]
         op = [f"y = {_torch_norm(spec, weight, bias)}"]
         # the error follows each term of x_hat * weight + bias, which may cancel; [C] vectors
@@ -154,7 +158,7 @@ class NormFamily(_rows.RowFamily):
     def config_space(self, spec: KernelSpec) -> dict[str, list]:
         if spec.op in ROW_OPS:
             space = _rows.config_space(spec)
-            splittable = not pointwise.operands(spec.params.get("prologue", []))
+            splittable = not pointwise.operands(spec.params.get("prologue", [])) and spec.params.get("inner", 1) == 1
             return {**space, "SPLIT": list(SPLITS) if splittable else [1]}
         (P, T, Q), _ = _views(spec)
         blocks = lambda n, cap: [1 << k for k in range(min(_rows.next_pow2(n), cap).bit_length())]  # noqa: E731
@@ -164,6 +168,15 @@ class NormFamily(_rows.RowFamily):
 
     def default_config(self, spec: KernelSpec, hw) -> dict:
         sms = getattr(hw, "sms", None) or 132
+        if spec.op in ROW_OPS and spec.params.get("inner", 1) > 1:
+            # over a middle dim: neighbouring positions q as rows (coalesced), the whole of N in one
+            # tile when it fits, so x is read once
+            n, q = spec.dims["N"], spec.params["inner"]
+            block = max(_rows.MIN_BLOCK_N, min(_rows.next_pow2(n), SPLIT_TILE))
+            rows = max(_rows.INNER_ROWS_PER_PROG[0], min(_rows.INNER_ROWS_PER_PROG[-1], SPLIT_TILE // block,
+                                                         _rows.next_pow2(q)))
+            return {"BLOCK_N": block, "num_warps": _rows.warps_for(rows * block), "num_stages": 1 if block >= n else 2,
+                    "ROWS_PER_PROG": rows, "PERSISTENT": False, "SPLIT": 1}
         if spec.op in ROW_OPS:
             cfg = {**_rows.default_config(spec, hw), "SPLIT": 1}
             M, N = spec.dims["M"], spec.dims["N"]
