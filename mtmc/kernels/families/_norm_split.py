@@ -29,7 +29,8 @@ from mtmc.kernels.families.elementwise import (
     IMPORTS, INTERPRETED_SOURCE, indent, interpreter_ints, operand_steps, signature,
 )
 
-FINALIZE_BLOCK = 256
+FINALIZE_BLOCK = 128    # statistics per finalize program
+FINALIZE_SPLITS = 32    # partials it merges per step (a [FINALIZE_SPLITS, FINALIZE_BLOCK] tile)
 
 
 @dataclass(frozen=True)
@@ -137,21 +138,30 @@ def finalize_kernel(lay: Layout) -> str:
                  "var = tl.load(rv_ptr + t, mask=t_mask, other=1.0).to(tl.float32)",
                  "scale = 1.0 / tl.sqrt(var + eps)"]
     else:
+        meanvar = lay.stat == "meanvar"
         body += ["count = tl.zeros([BLOCK], dtype=tl.float32)",
                  "mean = tl.zeros([BLOCK], dtype=tl.float32)",
                  "m2 = tl.zeros([BLOCK], dtype=tl.float32)",
                  *interpreter_ints(["SPLIT"]),
-                 "for s in range(0, SPLIT):  # Chan et al.'s merge of the partial (count, mean, M2)",
-                 *indent(["base = part_ptr + s * 3 * T + t",
-                          "c = tl.load(base, mask=t_mask, other=0.0)",
-                          "mu = tl.load(base + T, mask=t_mask, other=0.0)",
-                          "v = tl.load(base + 2 * T, mask=t_mask, other=0.0)",
-                          "seen = count + c",
-                          "frac = tl.where(seen > 0, c / tl.maximum(seen, 1.0), 0.0)",
-                          "delta = mu - mean",
-                          "mean += delta * frac" if lay.stat == "meanvar" else "mean += mu  # sums add up",
-                          "m2 += v + delta * delta * count * frac",
-                          "count = seen"]),
+                 "for s0 in range(0, SPLIT, SPLITS):  # SPLITS partials at a time, merged into the running state",
+                 *indent(["s = s0 + tl.arange(0, SPLITS)",
+                          "m = (s < SPLIT)[:, None] & t_mask[None, :]",
+                          "base = part_ptr + (s * 3 * T)[:, None] + t[None, :]",
+                          "c = tl.load(base, mask=m, other=0.0)",
+                          "mu = tl.load(base + T, mask=m, other=0.0)",
+                          "cs = tl.sum(c, axis=0)"]),
+                 *indent(["# the chunk's (count, mean, M2): M2s add up plus each partial's spread about the mean",
+                          "cmean = tl.sum(c * mu, axis=0) / tl.maximum(cs, 1.0)",
+                          "d = tl.where(m, mu - cmean[None, :], 0.0)",
+                          "cm2 = tl.sum(tl.load(base + 2 * T, mask=m, other=0.0) + c * d * d, axis=0)",
+                          "# Chan et al.'s merge into the running state",
+                          "seen = count + cs",
+                          "frac = tl.where(seen > 0, cs / tl.maximum(seen, 1.0), 0.0)",
+                          "delta = cmean - mean",
+                          "mean += delta * frac",
+                          "m2 += cm2 + delta * delta * count * frac",
+                          "count = seen"] if meanvar else
+                         ["mean += tl.sum(mu, axis=0)  # sums add up", "count += cs"]),
                  f"scale = {lay.scale}"]
         if lay.stat != "meanvar":
             body.append("mean = mean * 0.0  # scaled only, never shifted")
@@ -166,7 +176,7 @@ def finalize_kernel(lay: Layout) -> str:
                  "mask=t_mask)"]
     body += ["tl.store(shift_ptr + t, mean, mask=t_mask)", "tl.store(scale_ptr + t, scale, mask=t_mask)"]
     params = ["part_ptr", *(["rm_ptr", "rv_ptr"] if read or update else []), "shift_ptr", "scale_ptr", "T",
-              "SPLIT", "eps", *(["momentum"] if update else []), "BLOCK: tl.constexpr"]
+              "SPLIT", "eps", *(["momentum"] if update else []), "BLOCK: tl.constexpr", "SPLITS: tl.constexpr"]
     return "@triton.jit\n" + signature("norm_finalize", params) + "\n" + "\n".join(indent(body)) + "\n"
 
 
@@ -254,10 +264,10 @@ def launch(lay: Layout, cfg: dict, apply_tile: tuple[int, int, int]) -> str:
         else:
             lines += [f"momentum = {lay.momentum!r}"]
         lines += ["if not update:  # nothing to update: the kernel writes to scratch copies",
-                  "    running_mean = running_var = torch.zeros(T1, device=x.device, dtype=torch.float32)"]
+                  "    running_mean, running_var = torch.zeros((2, T1), device=x.device, dtype=torch.float32)"]
         rm, momentum = "running_mean, running_var, ", ", momentum"
     lines += [f"norm_finalize[(triton.cdiv(T1, {FINALIZE_BLOCK}),)](part, {rm}shift, scale, T1, SPLIT, {lay.eps!r}"
-              f"{momentum}, BLOCK={FINALIZE_BLOCK})"]
+              f"{momentum}, BLOCK={FINALIZE_BLOCK}, SPLITS={min(_pow2(cfg['SPLIT']), FINALIZE_SPLITS)})"]
     bp, bt, bq = apply_tile
     epi_ops = [lay.epi_names.get(i, name) for i, name, _ in operand_steps(list(lay.epilogue))]
     args = ", ".join(["x", "shift", "scale", *lay.vectors, *epi_ops, "out", "P2", "T2", "Q2", "SA", "SB"])

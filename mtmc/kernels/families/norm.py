@@ -62,9 +62,6 @@ STATS = {
 class ChannelRows(_rows.Rows):
     """The tensors of a channel op: x [N, C, S], per-channel vectors [C], epilogue operands."""
 
-    def __init__(self, spec: KernelSpec, vectors: tuple[tuple[str, str], ...]):
-        super().__init__(spec, vectors)
-
     def inputs(self) -> list[TensorArg]:
         def arg(op: _rows.Operand) -> TensorArg:
             return TensorArg(op.name, ("N", "C", "S") if op.kind == "full" else (op.chain_step["period"],))
