@@ -70,3 +70,18 @@ EXTRAS_TASKS = [
     "max over all dims of a 64x4096x4096 fp32 tensor",
     "logsumexp over all dims of a 16384x16384 fp32 tensor",
 ]
+
+# Normalizations at KernelBench-like sizes: statistics over channels and groups of millions of
+# elements (the split path), rows of L1 / L2 normalization, one norm over a whole tensor.
+NORM_TASKS = [
+    "batch norm on a 64x64x512x512 fp32 tensor",
+    "batch norm on a 16384x4096 fp32 tensor, then gelu then relu",
+    "batchnorm in eval mode on a 32x128x112x112 bf16 tensor",
+    "group norm with 8 groups on a 112x64x512x512 fp32 tensor",
+    "group norm with 512 groups on a 1024x8192 fp16 tensor",
+    "instance norm on a 128x128x126x126 fp32 tensor, then scale by 0.5",
+    "frobenius norm normalization of a 112x64x512x512 fp32 tensor",
+    "l2 normalize the rows of a 32768x65535 fp32 tensor",
+    "l1 normalize the rows of a 32768x65535 fp32 tensor",
+    "layernorm on 16 rows of width 4194304 in fp32",
+]

@@ -8,11 +8,6 @@ of every loop iteration of every program.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,10 +18,10 @@ from mtmc.kernels.families.conv import FAMILY as CONV
 from mtmc.kernels.families.conv import OPS, conv_spec, is_transposed, out_size, rank
 from mtmc.kernels.spec import KernelSpec
 from mtmc.kernels.task import check
+from kernel_helpers import compile_defaults
 from mtmc.tools.hardware import PROFILES
 
 H200 = PROFILES["h200"]
-ROOT = Path(__file__).resolve().parents[1]
 PROPERTY = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 EPILOGUE_STEPS = [{"op": "relu"}, {"op": "scale", "value": 0.5}, {"op": "mul", "channel": True},
@@ -197,37 +192,6 @@ COMPILE_SPECS = {  # KernelBench level-1 shapes
     "conv_transpose3d": conv_spec("conv_transpose3d", (16, 32, 16, 32, 32), 64, 3, stride=2, padding=1,
                                   dilation=2, bias=True, epilogue=[{"op": "relu"}]),
 }
-
-COMPILE_CHILD = """
-import json, sys
-from mtmc.kernels.catalog import families
-from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.hardware import PROFILES
-from mtmc.kernels.task import compile_resources
-h200 = PROFILES["h200"]
-out = {}
-FAMILY = families()[sys.argv[1]]
-for name, d in json.loads(sys.stdin.read()).items():
-    spec = KernelSpec.from_dict(d)
-    cfg = FAMILY.default_config(spec, h200)
-    source = FAMILY.render(spec, cfg)
-    if name.endswith("index64"):   # the 64-bit offsets of tensors past 2**31 elements
-        source = source.replace("INDEX_64 = max(", "INDEX_64 = True or max(")
-    out[name] = compile_resources(source, spec, FAMILY.check_dims(spec, cfg), h200).to_dict()
-print(json.dumps(out))
-"""
-
-
-def compile_defaults(specs: dict, family: str = "conv") -> dict:
-    """Resource reports of each spec's default config for sm_90, from one child with the
-    interpreter off (this process's Triton may be the interpreter's); the pool tests use it too."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", COMPILE_CHILD, family], input=json.dumps(specs), capture_output=True,
-                          text=True, timeout=600, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 def test_default_configs_compile_for_sm90_without_spills_and_within_shared_memory():
     specs = {}

@@ -11,7 +11,7 @@ from mtmc.kernels.families.pool import OPS, pool_spec
 from mtmc.kernels.spec import KernelSpec
 from mtmc.kernels.task import check
 from mtmc.tools.hardware import PROFILES
-from tests.test_family_conv import compile_defaults
+from kernel_helpers import compile_defaults
 
 H200 = PROFILES["h200"]
 EPI = [{"op": "mul", "channel": True}, {"op": "sigmoid"}, {"op": "residual"}]
@@ -164,7 +164,7 @@ def test_default_configs_compile_for_sm90_without_spills():
     for name, spec in COMPILE_SPECS.items():
         specs[f"{name} float32"] = spec.to_dict()
         specs[f"{name} bfloat16"] = {**spec.to_dict(), "dtype": "bfloat16"}
-    reports = compile_defaults(specs, "pool")
+    reports = compile_defaults(specs)
     for name, report in reports.items():
         (kernel,) = [k for k in report["kernels"] if k["name"] == "pool_kernel"]
         assert kernel["error"] is None, f"{name}: {kernel['error']}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import test_family_conv
+from kernel_helpers import compile_defaults
 
 from mtmc.kernels import catalog
 from mtmc.kernels.spec import KernelSpec
@@ -109,19 +109,12 @@ COMPILE_SPECS = {  # KernelBench level-1 shapes and the held-out kinds
 }
 
 
-# the conv tests' child, compiling with the catalog's family of each spec
-COMPILE_CHILD = test_family_conv.COMPILE_CHILD.replace(
-    "from mtmc.kernels.families.conv import FAMILY", "from mtmc.kernels.catalog import family_of").replace(
-    "    cfg = FAMILY.", "    FAMILY = family_of(spec)\n    cfg = FAMILY.")
-
-
-def test_default_configs_compile_for_sm90_without_spills(monkeypatch):
-    monkeypatch.setattr(test_family_conv, "COMPILE_CHILD", COMPILE_CHILD)
+def test_default_configs_compile_for_sm90_without_spills():
     specs = {}
     for name, spec in COMPILE_SPECS.items():
         for dtype in ("float32", "bfloat16"):
             specs[f"{name} {dtype}"] = {**spec.to_dict(), "dtype": dtype}
-    for name, report in test_family_conv.compile_defaults(specs).items():
+    for name, report in compile_defaults(specs).items():
         assert report["kernels"], name
         for kernel in report["kernels"]:
             assert kernel["error"] is None, f"{name}: {kernel['error']}"

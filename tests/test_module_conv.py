@@ -10,11 +10,9 @@ import torch
 
 from mtmc.module.assemble import assemble
 from mtmc.module.capture import capture
-from mtmc.kernels.catalog import family_of
 from mtmc.module.fusion import partition
 from mtmc.tools.loader import load_file
-from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.hardware import resolve
+from kernel_helpers import template_kernels
 
 MODULES = Path(__file__).parent / "modules"
 
@@ -28,14 +26,8 @@ def captured_source(tmp_path, source: str, name: str = "model.py"):
 
 def assert_model_new_matches(tmp_path, source: str, cap, part) -> None:
     """ModelNew with every group's template kernel at its default config: Model's outputs."""
-    kernels = {}
-    for g in part.groups:
-        spec = KernelSpec.from_dict(g.spec)
-        fam = family_of(spec)
-        cfg = fam.default_config(spec, resolve("h200"))
-        kernels[g.id] = {"source": fam.render(spec, cfg), "config": cfg}
     out = tmp_path / "new_model.py"
-    out.write_text(assemble(source, cap, part.groups, kernels))
+    out.write_text(assemble(source, cap, part.groups, template_kernels(part.groups)))
     m = load_file(out, f"conv_new_{abs(hash(source))}")
     torch.manual_seed(0)
     model, new = m.Model(*m.get_init_inputs()), m.ModelNew(*m.get_init_inputs())

@@ -28,8 +28,8 @@ from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
 from mtmc.module.fxjson import Unreproducible, encode_node, rebuild_graph, resolve_target
 from mtmc.tools.guard.verifier import ReferenceFailed, run_reference
-from mtmc.tools.hardware import resolve
 from mtmc.tools.loader import load_file
+from kernel_helpers import template_kernels
 
 MODULES = Path(__file__).parent / "modules"
 BAD = MODULES / "bad"
@@ -38,17 +38,6 @@ GOOD = sorted(p.name for p in MODULES.glob("*.py"))
 
 def captured(name: str) -> dict:
     return capture(str(MODULES / name))
-
-
-def template_kernels(groups) -> dict:
-    """Each group's family template at its default config (what the loop's step 0 verifies)."""
-    kernels = {}
-    for g in groups:
-        spec = KernelSpec.from_dict(g.spec)
-        fam = family_of(spec)
-        cfg = fam.default_config(spec, resolve("h200"))
-        kernels[g.id] = {"source": fam.render(spec, cfg), "config": cfg}
-    return kernels
 
 
 def run_both(path: Path, seed: int = 0):

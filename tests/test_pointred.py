@@ -206,38 +206,12 @@ def test_fork_validation_refuses_operands_and_unknown_binops():
 # -- sm_90 resources of the defaults at benchmark sizes ------------------------------------------
 
 def test_default_configs_compile_for_sm90_without_spills():
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from bench.tasks import POINTRED_TASKS
-    root = Path(__file__).resolve().parents[1]
+    from kernel_helpers import compile_defaults
     specs = {t: parse_request(t).spec.to_dict() for t in POINTRED_TASKS}
     specs["tril matmul"] = KernelSpec("matmul", "matmul", {"M": 4096, "N": 4096, "K": 4096}, "float32",
                                       {"epilogue": [{"op": "tril", "value": 0}]}).to_dict()
-    child = """
-import json, sys
-from mtmc.kernels.catalog import family_of
-from mtmc.kernels.spec import KernelSpec
-from mtmc.tools.hardware import PROFILES
-from mtmc.kernels.task import compile_resources
-h200 = PROFILES["h200"]
-out = {}
-for name, d in json.loads(sys.stdin.read()).items():
-    spec = KernelSpec.from_dict(d)
-    fam = family_of(spec)
-    cfg = fam.default_config(spec, h200)
-    out[name] = compile_resources(fam.render(spec, cfg), spec, fam.check_dims(spec, cfg), h200).to_dict()
-print(json.dumps(out))
-"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", child], input=json.dumps(specs), capture_output=True, text=True,
-                          timeout=600, env=env, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for name, report in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+    for name, report in compile_defaults(specs).items():
         assert report["violations"] == [], f"{name}: {report['violations']}"
         for kernel in report["kernels"]:
             assert kernel["error"] is None, f"{name}: {kernel['error']}"

@@ -95,6 +95,12 @@ class _Shape:
             self._matmul()
         else:
             self._streaming()
+        # a family whose streaming kernel is not one tile walk per row says its own shape:
+        # (programs, elements per program-iteration, iterations), or None for the default
+        shape = getattr(family, "stream_shape", lambda spec, config: None)(spec, config)
+        if shape is not None:
+            self.programs, self.tile_elems, self.steps = shape
+            self.loops = self.steps > 1
         hook = getattr(family, "programs", None)
         if callable(hook):
             self.programs = int(hook(spec, config))

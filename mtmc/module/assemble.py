@@ -126,6 +126,10 @@ def _view(v: str, view: dict) -> str:
         code = f"{v}.contiguous().reshape(-1, {size})"
     elif kind == "flat":
         code = f"{v}.reshape(1, -1)"
+    elif kind == "channels":  # [N, C, *spatial] as [N, C, S]
+        code = f"{v}.reshape({v}.shape[0], {v}.shape[1], -1)"
+    elif kind == "trailing":  # the last view["dims"] dims as the rows' one
+        code = f"{v}.flatten(-{view['dims']}).flatten(0, -2)"
     elif kind == "periodic":  # a broadcast operand, flat in its own row-major order
         code = f"{v}.contiguous().reshape(-1)"
     elif kind == "vector":
@@ -180,7 +184,9 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late
-    body += [f"{launch}({', '.join(f'k{k}' for k in range(len(group.inputs)))}, out=out)",
+    # buffers the kernel updates in place (batch norm's running statistics), as keywords
+    kwargs = "".join(f", {k}=v{i}" for k, i in group.out.get("kwargs", {}).items())
+    body += [f"{launch}({', '.join(f'k{k}' for k in range(len(group.inputs)))}, out=out{kwargs})",
              "return out.view(shape)"]
     doc = f'"""Group {group.id}: {" -> ".join(group.ops)}."""'
     return f"def {name}({', '.join(params)}):\n" + textwrap.indent("\n".join([doc, *body]), "    ") + "\n"

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mtmc.kernels import pointwise
-from mtmc.module import conv_fusion, identities, loss_fusion, pointwise_fusion, pool_fusion, scan_fusion
+from mtmc.module import conv_fusion, identities, loss_fusion, norm_fusion, pointwise_fusion, pool_fusion, scan_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -118,7 +118,8 @@ class _Builder:
 
 
 # modules classifying and building more anchors: convolutions, pooling, scans, losses
-PLUGIN_FAMILIES = {conv_fusion: ("conv",), pool_fusion: ("pool",), scan_fusion: ("scan",), loss_fusion: ("loss",)}
+PLUGIN_FAMILIES = {conv_fusion: ("conv",), norm_fusion: ("norm",), pool_fusion: ("pool",), scan_fusion: ("scan",),
+                   loss_fusion: ("loss",)}
 PLUGINS = tuple(PLUGIN_FAMILIES)
 _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 
@@ -464,6 +465,7 @@ class Partitioner:
     def run(self) -> list[Group]:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
+        norm_fusion.normalization_patterns(self)   # x / norm(x), before the generic passes below
         self._silu_patterns()
         pointwise_fusion.collapse(self)   # formulas reading one value twice (hand-written hardswish)
         for plugin in PLUGINS:   # forms a plugin recognises across several nodes (a hand-written loss)

@@ -208,6 +208,7 @@ class Anchor:
     replaces: list[str] = field(default_factory=list)  # nodes whose uses get the result
     dim: int | None = None          # reductions: the reduced dim (None: all)
     keepdim: bool = False
+    state: dict = field(default_factory=dict)   # norms: trailing dims, batch norm's running buffers
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str, default=None):
@@ -499,10 +500,8 @@ class Classifier:
         shape, dtype = self._float_tensor(x, "the input")
         ns = list(normalized_shape) if isinstance(normalized_shape, (list, tuple)) else [normalized_shape]
         ns = [self.g.number(v) if isinstance(v, NodeRef) else v for v in ns]  # (x.shape[-1],)
-        if len(ns) != 1:
-            raise Reject(f"{op} over the last {len(ns)} dims; kernels normalize the last dim only")
-        if ns[0] != shape[-1]:
-            raise Reject(f"{op} with normalized_shape {ns[0]} that is not the last dim ({shape[-1]})")
+        if not ns or len(ns) > len(shape) or ns != shape[len(shape) - len(ns):]:
+            raise Reject(f"{op} with normalized_shape {ns} that is not the input's last dims ({shape})")
         if op == "layernorm" and weight is None and bias is not None:
             raise Reject("layer_norm with a bias but no weight is not in the catalog")
         if eps is None:
@@ -513,4 +512,5 @@ class Classifier:
         params = {"eps": float(eps), "affine": bool(vectors)}
         if op == "layernorm" and weight is not None and bias is None:
             params["bias"] = False
-        return Anchor("norm", op, x, params=params, vectors=vectors, out=name, replaces=[name])
+        return Anchor("norm", op, x, params=params, vectors=vectors, out=name, replaces=[name],
+                      state={"trailing": len(ns)})

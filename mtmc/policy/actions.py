@@ -17,6 +17,8 @@ KNOB_KIND = {
     "SPLIT_K": "split_k", "PERSISTENT": "persistent", "ROWS_PER_PROG": "rows_per_program",
     "ALGO": "algorithm", "LAYOUT": "layout", "PRECISION": "precision",
     "BLOCK_P": "tile", "BLOCK_R": "tile", "BLOCK_W": "tile", "UNROLL": "unroll",
+    # the norm family's split template: statistics tile, programs per statistic, normalize pass
+    "BLOCK_T": "tile", "BLOCK_Q": "tile", "NORM_BLOCK": "tile", "norm_warps": "warps",
 }
 
 WHY_KIND = {
@@ -35,6 +37,8 @@ WHY_KIND = {
     "precision": "three TF32 tensor-core products per fp32 product keep fp32 accuracy at several times "
                  "the throughput of IEEE FMAs",
     "unroll": "unrolled taps keep a pooling window's loads in flight together; a loop keeps big windows small",
+    "split": "splitting each statistic over several programs (partial sums merged after) fills the GPU when "
+             "there are few, long statistics",
     "stop": "no legal change is predicted to help",
 }
 

@@ -31,6 +31,7 @@ from mtmc.request.extras_words import extras_builder, read_extras
 from mtmc.request.pointred_words import build_reduction, read_pointred, reduces_other_dims
 from mtmc.request.formulas import _read_formulas
 from mtmc.request.pool_words import build_pool, read_pool
+from mtmc.request.norm_words import OPS as NORM_WORD_OPS, build_norm, read_norm
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
 from mtmc.request.scanloss_words import build_scanloss, read_scanloss
@@ -82,6 +83,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
     read_scanloss(ctx)   # a scan's or a loss's own words (reverse, reduction, margin ...)
     read_extras(ctx)   # 'along the channel dim'
+    read_norm(ctx)   # batch / group / instance norms, L1 / L2 / Frobenius normalization
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -91,7 +93,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
     build = {"conv": build_conv, "pool": build_pool, "scan": build_scanloss, "loss": build_scanloss}.get(family) \
-        or _BUILDERS[family]
+        or (build_norm if family == "norm" and op in NORM_WORD_OPS else _BUILDERS[family])
     if family == "reduction" and reduces_other_dims(ctx):
         build = build_reduction
     build = extras_builder(ctx, family) or build   # softmax over a middle dim, a sum of all elements
@@ -107,7 +109,8 @@ def _parse(ctx: _Ctx) -> KernelSpec:
 _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, tanh, exp, abs, square, scale/shift "
                  "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
                  "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
-                 "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
+                 "log_softmax; layernorm and rmsnorm; batch, group and instance norms; L1, L2 and Frobenius "
+                 "normalization; matmul, batched matmul and linear layers with a fused "
                  "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "
                  "max, average and adaptive pooling (1d/2d/3d) with a fused epilogue. "
                  "scans (cumsum, cumprod); losses (mse, huber, kl_div, cross_entropy, triplet, cosine ...). "
@@ -162,7 +165,9 @@ EXAMPLES = {
     "softmax": ["Write a fused softmax over the rows of a 4096x8192 fp16 tensor",
                 "scaled softmax with scale 0.125 over 8192 rows and 1024 columns",
                 "log softmax of a (2048, 32000) bf16 tensor"],
-    "norm": ["rmsnorm on 8192 rows of width 4096", "layernorm of x plus a residual, 4096x1024 bf16, eps 1e-5"],
+    "norm": ["rmsnorm on 8192 rows of width 4096", "layernorm of x plus a residual, 4096x1024 bf16, eps 1e-5",
+             "group norm with 8 groups on a 16x64x128x128 fp16 tensor, then relu",
+             "batch norm in eval mode on 32x128x56x56 bf16", "l2 normalize the rows of a 4096x8192 tensor"],
     "matmul": ["batched matmul 32x512x512 by 32x512x1024 in bf16 with a relu",
                "matmul 4096x4096 by 4096x1024 fp16 with a bias and gelu",
                "linear layer with 4096 inputs and 11008 outputs on a batch of 8192 tokens",
@@ -191,6 +196,9 @@ def supported_summary() -> str:
              "- softmax, log_softmax along the last dim, optionally scaled.",
              "- layernorm, rmsnorm along the last dim, with eps, a residual added before, and pointwise ops "
              "after.",
+             "- norms: " + ", ".join(FAMILY_OPS["norm"]) + ": batch norm (training or eval mode, momentum), "
+             "group norm (N groups) and instance norm on an N x C x [spatial] input, L1 / L2 normalization of "
+             "rows, Frobenius normalization of a whole tensor; pointwise ops after.",
              "- matmul (M, N, K), batched matmul / bmm (B, M, N, K) and linear layers (x @ W^T), with "
              "pointwise ops fused after (bias, relu, scale, residual ...).",
              "- convolutions: " + ", ".join(FAMILY_OPS["conv"]) + " on an N x C x [D x] [H x] W input, with kernel, "

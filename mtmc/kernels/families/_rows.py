@@ -150,13 +150,15 @@ class Rows:
     def ref_epilogue(self, var: str) -> list[str]:
         return step_lines(self.epilogue, var, self.step_names(self.epi_operands), pointwise.torch_expr)
 
-    def ref_sources(self, op_lines: list[str], scale_lines: list[str], full_out: bool = False) -> str:
+    def ref_sources(self, op_lines: list[str], scale_lines: list[str], full_out: bool = False,
+                    out_view: str = "") -> str:
         """`reference`: prologue, op_lines (leaving the op's output y), epilogue.
         `error_scale`: the same op_lines, then scale_lines (leaving s, the magnitude y's error
         is judged against) carried through the epilogue with pointwise.ERROR_GAIN.
         full_out: the output is x-shaped (softmax); a strided one is returned as the kernel's
-        [M, N] view of the [M / Q, N, Q] buffer."""
-        rows = f".reshape(-1, {self.spec.dims['N']})" if full_out and self.inner > 1 else ""
+        [M, N] view of the [M / Q, N, Q] buffer.  out_view: appended to both results instead (a
+        strided norm's [M / Q, N, Q] back to its [M, N] buffer)."""
+        rows = out_view or (f".reshape(-1, {self.spec.dims['N']})" if full_out and self.inner > 1 else "")
         reference = self.ref_function("reference", [*op_lines, *self.ref_epilogue("y"), f"return y{rows}"])
         carry = ["x = y"]
         names = self.step_names(self.epi_operands)
