@@ -1,0 +1,118 @@
+"""The Dask engine (mtmc.tools.cluster) and the KernelBench runner on it, on CPU worker processes:
+a worker killed mid-task or a hung task loses only its task, which is tried again elsewhere; the
+results file gets every task once; a second run skips what is recorded."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+psutil = pytest.importorskip("psutil")
+
+import cluster_tasks  # noqa: E402  (the workers import it by name)
+from mtmc.tools.cluster import ClusterOptions, Engine  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine.open(ClusterOptions(workers=2, retries=1, env={"MTMC_TEST_ENV": "set"}, cpu_only=True)) as e:
+        yield e
+
+
+def _kill_when_started(folder: str, name: str) -> threading.Thread:
+    """SIGKILL the worker process that starts task `name` first (once)."""
+    def kill():
+        while not cluster_tasks.started(folder, name):
+            time.sleep(0.05)
+        os.kill(cluster_tasks.started(folder, name)[0], signal.SIGKILL)
+    t = threading.Thread(target=kill, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_killed_worker_loses_only_its_task_which_runs_again(engine, tmp_path):
+    assert "2 worker(s), CPU only" in engine.describe() and "dashboard" in engine.describe()
+    killer = _kill_when_started(str(tmp_path), "b")
+    items = [(n, (n, str(tmp_path), s)) for n, s in (("a", 0.5), ("b", 3.0), ("c", 0.5), ("d", 0.5))]
+    said = []
+    done = {d.key: d for d in engine.map(cluster_tasks.sleepy, items, say=said.append)}
+    killer.join(1)
+    assert sorted(done) == ["a", "b", "c", "d"] and not any(d.error for d in done.values())
+    assert done["b"].attempts == 2 and [d.attempts for k, d in done.items() if k != "b"] == [1, 1, 1]
+    first, again = cluster_tasks.started(str(tmp_path), "b"), done["b"].result["pid"]
+    assert len(first) == 2 and again in first and not psutil.pid_exists(min(first, key=lambda p: p == again))
+    assert all(d.result["env"] == "set" for d in done.values())   # the run's environment reaches every task
+    assert any("b: try 1 lost" in line for line in said)
+
+
+def test_a_hung_task_gets_its_worker_killed_and_is_given_up_after_its_retries(engine, tmp_path):
+    engine.opts = dataclasses.replace(engine.opts, hang_s=3.0, retries=0)
+    try:
+        done = list(engine.map(cluster_tasks.sleepy, [("h", ("h", str(tmp_path), 600)),
+                                                      ("q", ("q", str(tmp_path), 0.2))]))
+    finally:
+        engine.opts = dataclasses.replace(engine.opts, hang_s=None, retries=1)
+    by = {d.key: d for d in done}
+    assert by["q"].result["task"] == "q" and by["h"].result is None and "hung" in by["h"].error
+    assert not any(psutil.pid_exists(p) for p in cluster_tasks.started(str(tmp_path), "h"))
+
+
+QUICK = "this is not python\n"   # `mtmc optimize` rejects it at once
+SLOW = "import time\ntime.sleep(8)\nraise RuntimeError('a task that takes a while and is then rejected')\n"
+
+
+def _optimize_processes(name: str) -> list:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "mtmc.cli optimize" in cmd and name in cmd:
+            out.append(p)
+    return out
+
+
+def test_kernelbench_on_workers_survives_a_killed_worker_and_resumes(tmp_path):
+    folder = tmp_path / "kb"
+    (folder / "level1").mkdir(parents=True)
+    for name, text in (("1_Quick.py", QUICK), ("2_Slow.py", SLOW), ("3_Quick.py", QUICK)):
+        (folder / "level1" / name).write_text(text)
+    cmd = [sys.executable, "-m", "bench.kernelbench", str(folder), "--device", "cpu", "--workers", "2",
+           "--results-dir", str(tmp_path / "res"), "--out", "kb", "--timeout", "120"]
+    victims = []
+
+    def kill_the_slow_tasks_worker():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            found = _optimize_processes("2_Slow.py")
+            if found:
+                victims.append(found[0])
+                os.kill(found[0].ppid(), signal.SIGKILL)   # its parent: the Dask worker process
+                return
+            time.sleep(0.1)
+    killer = threading.Thread(target=kill_the_slow_tasks_worker, daemon=True)
+    killer.start()
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    killer.join(1)
+    assert victims, run.stdout
+    time.sleep(0.5)
+    assert not victims[0].is_running() or victims[0].status() == psutil.STATUS_ZOMBIE   # died with its worker
+    assert "Dask: a local cluster, 2 worker(s)" in run.stdout and "2_Slow.py: try 1 lost" in run.stdout
+    lines = [json.loads(ln) for ln in (tmp_path / "res" / "kb.jsonl").read_text().splitlines()]
+    assert sorted(r["task"] for r in lines) == ["level1/1_Quick.py", "level1/2_Slow.py", "level1/3_Quick.py"]
+    assert {r["task"]: r["attempts"] for r in lines}["level1/2_Slow.py"] == 2
+    assert all(r["optimize"]["status"] == "rejected" for r in lines)
+    assert json.loads((tmp_path / "res" / "kb.json").read_text())["levels"]["all"]["tasks"] == 3
+
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 already recorded" in again.stdout and "0 to run" in again.stdout
+    assert len((tmp_path / "res" / "kb.jsonl").read_text().splitlines()) == 3
