@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from bench.record import Results, run_meta
+from mtmc.memory.shared import merge_from_workers
 from mtmc.tools.cluster import Engine, add_cluster_args, die_with_parent, open_engine
 from mtmc.tools.isolation import Confinement
 from mtmc.tools.worker import run_job
@@ -596,6 +597,9 @@ def _run_on(engine: Engine, todo: list[Task], opts: Options, cache: BaselineCach
         keep(n, {**record, "worker": got.worker, "attempts": got.attempts})
     if n < len(todo):
         print(f"budget spent: {len(todo) - n} task(s) left; run again to continue", flush=True)
+    merged = merge_from_workers(engine)
+    if merged:
+        print(f"memory: {merged} histories from other hosts' logs merged into this one", flush=True)
     return len(todo)
 
 

@@ -17,15 +17,23 @@ pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
 import cluster_tasks  # noqa: E402  (the workers import it by name)
+from mtmc.commands import batch  # noqa: E402
+from mtmc.memory import MemoryUnavailable, Store  # noqa: E402
+from mtmc.memory import shared  # noqa: E402
 from mtmc.tools.cluster import ClusterOptions, Engine  # noqa: E402
+from test_memory import synthetic_record  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def engine():
-    with Engine.open(ClusterOptions(workers=2, retries=1, env={"MTMC_TEST_ENV": "set"}, cpu_only=True)) as e:
-        yield e
+def engine(tmp_path_factory):
+    home = str(tmp_path_factory.mktemp("workers-home"))   # never the real ~/.mtmc
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MTMC_HOME", home)
+        opts = ClusterOptions(workers=2, retries=1, env={"MTMC_TEST_ENV": "set", "MTMC_HOME": home}, cpu_only=True)
+        with Engine.open(opts) as e:
+            yield e
 
 
 def _kill_when_started(folder: str, name: str) -> threading.Thread:
@@ -67,7 +75,7 @@ def test_a_hung_task_gets_its_worker_killed_and_is_given_up_after_its_retries(en
 
 
 QUICK = "this is not python\n"   # `mtmc optimize` rejects it at once
-SLOW = "import time\ntime.sleep(8)\nraise RuntimeError('a task that takes a while and is then rejected')\n"
+SLOW = "import time\ntime.sleep(5)\nraise RuntimeError('a task that takes a while and is then rejected')\n"
 
 
 def _optimize_processes(name: str) -> list:
@@ -116,3 +124,60 @@ def test_kernelbench_on_workers_survives_a_killed_worker_and_resumes(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "3 already recorded" in again.stdout and "0 to run" in again.stdout
     assert len((tmp_path / "res" / "kb.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_folder_of_modules_on_workers_writes_each_once_and_resumes(engine, tmp_path, capsys):
+    src = tmp_path / "models"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.py").write_text(QUICK)
+    (src / "sub" / "b.py").write_text(QUICK)
+    (src / "_helper.py").write_text("X = 1\n")
+    args = batch_args(src, tmp_path / "out")
+    assert batch.run_batch(args, engine) == 0
+    out = capsys.readouterr().out
+    assert "2 module(s)" in out and "2 to optimize" in out
+    lines = [json.loads(ln) for ln in (tmp_path / "out" / "batch.jsonl").read_text().splitlines()]
+    assert sorted(r["module"] for r in lines) == ["a.py", "sub/b.py"]
+    assert all(r["status"] == "rejected" and r["worker"].startswith("tcp://") for r in lines)
+    assert (tmp_path / "out" / "sub" / "b.log").exists()   # written here, from the task's text
+    assert batch.run_batch(args, engine) == 0
+    assert "2 already recorded" in capsys.readouterr().out
+    (src / "a.py").write_text(QUICK + "# changed\n")      # a changed module is optimized again
+    assert batch.run_batch(args, engine) == 0
+    assert "1 to optimize" in capsys.readouterr().out
+    assert len((tmp_path / "out" / "batch.jsonl").read_text().splitlines()) == 3
+
+
+def batch_args(src, out):
+    import argparse
+    return argparse.Namespace(model=str(src), out=str(out), target="h200", max_steps=0, timeout=60.0, redo=False,
+                              workers=None, scheduler=None, retries=1, hang=None, chroma=None)
+
+
+class _OtherHosts:
+    """An engine whose 'workers' are two other hosts, each with its own memory folder."""
+    def __init__(self, homes):
+        self.homes = homes
+
+    def run_everywhere(self, fn, *args):
+        out = {}
+        for i, home in enumerate(self.homes):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("MTMC_HOME", str(home))
+                out[f"tcp://host{i}:1"] = fn(*args)
+        return out
+
+
+def test_histories_written_on_other_hosts_are_merged_into_this_log_once(tmp_path, monkeypatch):
+    def no_index(path):
+        raise MemoryUnavailable("no index in this test")
+    monkeypatch.setattr("mtmc.memory.store.shared_index", no_index)
+    here, a, b = (synthetic_record("softmax", "softmax", {"M": 64 * i, "N": 128}) for i in (1, 2, 3))
+    Store().add(here)
+    Store(tmp_path / "h0" / "memory").add(a)
+    for rec in (a, b, here):   # host 1 has a copy of a and of ours too
+        Store(tmp_path / "h1" / "memory").add(rec)
+    hosts = _OtherHosts([tmp_path / "h0", tmp_path / "h1"])
+    assert shared.merge_from_workers(hosts) == 2
+    assert shared.merge_from_workers(hosts) == 0
+    assert sorted(Store().log.records()) == sorted([here.id, a.id, b.id])

@@ -305,6 +305,7 @@ def open_engine(args, cpu_only: bool = False):
     if not (args.workers or args.scheduler):
         return _NoEngine()
     env = {"MTMC_CHROMA_HOST": args.chroma} if args.chroma else {}
+    os.environ.update(env)   # this process indexes what it merges into the same server
     engine = Engine.open(ClusterOptions(args.workers, args.scheduler, args.retries, args.hang, env,
                                         cpu_only=cpu_only))
     print(engine.describe(), flush=True)
