@@ -147,7 +147,7 @@ class Engine:
 
     # -- running tasks ----------------------------------------------------------------------
     def map(self, fn: Callable, items: Iterable[tuple[str, tuple]], gpu: bool | None = None,
-            say: Callable[[str], None] = print, stop: Callable[[], bool] | None = None) -> Iterator[Done]:
+            say: Callable[[str], None] = lambda line: print(line, flush=True), stop: Callable[[], bool] | None = None) -> Iterator[Done]:
         """fn(*args) for each (key, args), as Dask tasks; yields a Done per key as each finishes
         (or is given up).  gpu: ask a whole GPU per task (default: when the workers have GPUs).
         stop() true: start no more tasks (those running finish and are yielded)."""
