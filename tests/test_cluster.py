@@ -75,6 +75,15 @@ def test_a_hung_task_gets_its_worker_killed_and_is_given_up_after_its_retries(en
     assert not any(psutil.pid_exists(p) for p in cluster_tasks.started(str(tmp_path), "h"))
 
 
+def test_an_existing_scheduler_is_used_by_its_address(engine, tmp_path):
+    address = engine.client.scheduler.address
+    engine.client.wait_for_workers(2, timeout=60)   # a worker killed by an earlier test is back
+    with Engine.open(ClusterOptions(scheduler=address)) as remote:
+        assert remote.describe().startswith(f"Dask: {address}, 2 worker(s), CPU only")
+        done = list(remote.map(cluster_tasks.sleepy, [("r", ("r", str(tmp_path), 0.1))]))
+    assert done[0].result["task"] == "r" and done[0].worker in engine.workers()
+
+
 QUICK = "this is not python\n"   # `mtmc optimize` rejects it at once
 SLOW = "import time\ntime.sleep(5)\nraise RuntimeError('a task that takes a while and is then rejected')\n"
 

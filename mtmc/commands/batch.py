@@ -55,7 +55,8 @@ def _line(rel: str, sha: str, got: dict) -> dict:
     groups = s.get("groups") or []
     return {"module": rel, "sha256": sha, "status": s.get("status"), "groups": len(groups),
             "kernels": sum(g.get("status") == "kernel" for g in groups),
-            "check": (s.get("check") or {}).get("status"), "message": (s.get("message") or "")[:500] or None,
+            "check": (s.get("check") or {}).get("status"),
+            "message": None if s.get("status") == "done" else (s.get("message") or "")[:500] or None,
             "seconds": got["seconds"]}
 
 
@@ -102,8 +103,10 @@ def run_batch(args, engine=None) -> int:
             with open(records, "a") as f:
                 f.write(json.dumps(line) + "\n")
             kernels = f", {line['kernels']}/{line['groups']} groups with a kernel" if line["groups"] else ""
-            print(f"[{i}/{len(todo)}] {got.key}: {line['status']}{kernels}, check {line['check']} "
-                  f"({line['seconds']:.0f} s)", flush=True)
+            check = f", check {line['check']}" if line["check"] else ""
+            why = f": {line['message'].splitlines()[0][:160]}" if line["message"] and line["status"] != "done" else ""
+            print(f"[{i}/{len(todo)}] {got.key}: {line['status']}{kernels}{check}{why} ({line['seconds']:.0f} s)",
+                  flush=True)
         if engine:
             merged = merge_from_workers(engine)
             if merged:
