@@ -306,7 +306,10 @@ def open_engine(args, cpu_only: bool = False):
         return _NoEngine()
     env = {"MTMC_CHROMA_HOST": args.chroma} if args.chroma else {}
     os.environ.update(env)   # this process indexes what it merges into the same server
-    engine = Engine.open(ClusterOptions(args.workers, args.scheduler, args.retries, args.hang, env,
-                                        cpu_only=cpu_only))
+    try:
+        engine = Engine.open(ClusterOptions(args.workers, args.scheduler, args.retries, args.hang, env,
+                                            cpu_only=cpu_only))
+    except ValueError as exc:   # more GPU workers asked than GPUs: say so, no traceback
+        raise SystemExit(f"--workers: {exc}") from exc
     print(engine.describe(), flush=True)
     return engine
