@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 
 from bench.record import Results, run_meta
+from mtmc.memory.shared import merge_from_workers
+from mtmc.tools.cluster import Engine, add_cluster_args, die_with_parent, open_engine
 from mtmc.tools.isolation import Confinement
 from mtmc.tools.worker import run_job
 
@@ -176,7 +178,7 @@ def run_optimize(cmd: list[str], log_path: Path, timeout_s: float, scratch: Path
     env = {**os.environ, "TMPDIR": str(scratch)} if scratch is not None else None
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, cwd=REPO,
-                                start_new_session=True, env=env)
+                                start_new_session=True, env=env, preexec_fn=die_with_parent)
         try:
             stdout, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -242,10 +244,13 @@ class BaselineCache:
     """The original Models' eager and torch.compile times, one JSON line per (task sha256, GPU,
     torch, triton, mode), shared by every run and session."""
 
-    def __init__(self, path: Path, env: dict):
+    def __init__(self, path: Path | None, env: dict, lines: list[dict] | None = None):
+        """path None: a copy in a cluster's worker, which writes nothing; `added` holds its new
+        lines for the client to keep."""
         self.path, self.env = path, {k: env[k] for k in ("gpu", "torch", "triton")}
         self.entries: dict[tuple, dict] = {}
-        for line in _lines(path):
+        self.added: list[dict] = []
+        for line in _lines(path) if lines is None else lines:
             if "sha256" in line and "mode" in line:
                 self.entries[self._key(line["sha256"], line["mode"], line)] = line
 
@@ -256,9 +261,13 @@ class BaselineCache:
         return self.entries.get(self._key(sha, mode, self.env))
 
     def put(self, sha: str, mode: str, entry: dict) -> None:
-        line = {"sha256": sha, "mode": mode, **self.env, **entry}
-        self.entries[self._key(sha, mode, self.env)] = line
-        _append(self.path, line)
+        self.keep({"sha256": sha, "mode": mode, **self.env, **entry})
+
+    def keep(self, line: dict) -> None:
+        self.entries[self._key(line["sha256"], line["mode"], line)] = line
+        self.added.append(line)
+        if self.path is not None:
+            _append(self.path, line)
 
 
 def reusable(entry: dict | None, timeout_s: float) -> bool:
@@ -539,26 +548,63 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def cluster_task(task: Task, opts: Options, baselines: tuple[dict, list[dict]] | None) -> tuple[dict, list[dict]]:
+    """run_task in a cluster's worker: (its record, the baseline lines it measured); the
+    client writes both, so the files have one writer as in a single-GPU run."""
+    cache = BaselineCache(None, *baselines) if baselines else None
+    return run_task(task, opts, cache), cache.added if cache else []
+
+
 def run_all(tasks: list[Task], opts: Options, records_path: Path, results: Results, cache: BaselineCache | None,
-            redo: bool, budget_s: float | None) -> int:
+            redo: bool, budget_s: float | None, engine: Engine | None = None) -> int:
+    """Every task not yet recorded, one after another, or as tasks of `engine`'s cluster."""
     done = latest_records(records_path)
     todo = [t for t in tasks if redo or t.rel not in done]
     order = lambda records: sorted(records.values(), key=lambda r: _order(r["task"]))
+    where = engine.describe() if engine else opts.device
     print(f"{len(tasks)} task(s); {len(tasks) - len(todo)} already recorded in {records_path} (--redo runs them "
-          f"again); {len(todo)} to run on {opts.device}", flush=True)
+          f"again); {len(todo)} to run on {where}", flush=True)
     if done:
         results.save(order(done), levels=by_level(order(done)))
     start = time.monotonic()
+    spent = lambda: budget_s is not None and time.monotonic() - start > budget_s
+
+    def keep(i: int, record: dict) -> None:
+        _append(records_path, record)
+        done[record["task"]] = record
+        print(progress_line(i, len(todo), record), flush=True)
+        results.save(order(done), levels=by_level(order(done)))
+    if engine is not None:
+        return _run_on(engine, todo, opts, cache, keep, spent)
     for i, task in enumerate(todo, 1):
-        if budget_s is not None and time.monotonic() - start > budget_s:
+        if spent():
             print(f"budget of {budget_s:g} s spent: {len(todo) - i + 1} task(s) left; run again to continue", flush=True)
             break
         print(f"[{i}/{len(todo)}] {task.rel} ...", flush=True)
-        record = run_task(task, opts, cache)
-        _append(records_path, record)
-        done[task.rel] = record
-        print(progress_line(i, len(todo), record), flush=True)
-        results.save(order(done), levels=by_level(order(done)))
+        keep(i, run_task(task, opts, cache))
+    return len(todo)
+
+
+def _run_on(engine: Engine, todo: list[Task], opts: Options, cache: BaselineCache | None, keep, spent) -> int:
+    """The tasks as Dask tasks; records are kept here, in the client, as each comes back."""
+    baselines = (cache.env, list(cache.entries.values())) if cache else None
+    items = [(t.rel, (t, opts, baselines)) for t in todo]
+    n = 0
+    for n, got in enumerate(engine.map(cluster_task, items, stop=spent), 1):
+        if got.error:
+            print(f"[{n}/{len(todo)}] {got.key}: lost on all {got.attempts} tries ({got.error}); not recorded, "
+                  f"a re-run tries it again", flush=True)
+            continue
+        record, lines = got.result
+        for line in lines:
+            if cache is not None:
+                cache.keep(line)
+        keep(n, {**record, "worker": got.worker, "attempts": got.attempts})
+    if n < len(todo):
+        print(f"budget spent: {len(todo) - n} task(s) left; run again to continue", flush=True)
+    merged = merge_from_workers(engine)
+    if merged:
+        print(f"memory: {merged} histories from other hosts' logs merged into this one", flush=True)
     return len(todo)
 
 
@@ -583,6 +629,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # max-autotune compiles for minutes per module: a time-limited call may measure default only
     p.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=list(COMPILE_MODES),
                    help="torch.compile modes to time (the faster one is the baseline)")
+    add_cluster_args(p)
     return p.parse_args(argv)
 
 
@@ -604,7 +651,8 @@ def main(argv=None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)   # so the children are killed on the way out
     try:
-        run_all(tasks, opts, results.dir / f"{name}.jsonl", results, cache, args.redo, args.budget)
+        with open_engine(args, cpu_only=device == "cpu") as engine:
+            run_all(tasks, opts, results.dir / f"{name}.jsonl", results, cache, args.redo, args.budget, engine)
     except KeyboardInterrupt:
         print("interrupted: the finished tasks are recorded; run again to continue", file=sys.stderr)
         return 130

@@ -89,6 +89,15 @@ def cmd_rebuild(args) -> int:
     return 0
 
 
+def cmd_merge(args) -> int:
+    """Histories from other logs (another host's histories.jsonl) into this one, once each."""
+    from mtmc.memory.log import HistoryLog
+    store = Store()
+    n = sum(store.merge(list(HistoryLog(path).records().values())) for path in args.logs)
+    print(f"merged {n} new histories into {store.log.path}" + (f" (index: {store.index_note})" if store.index_note else ""))
+    return 0
+
+
 def _guarded(fn):
     def run(args) -> int:
         try:
@@ -120,3 +129,7 @@ def register(sub) -> None:
     w.set_defaults(func=_guarded(cmd_why))
     r = msub.add_parser("rebuild", help="drop the Chroma index and rebuild it from the log")
     r.set_defaults(func=_guarded(cmd_rebuild))
+    mg = msub.add_parser("merge", help="add the histories of other logs (e.g. another host's histories.jsonl) "
+                                       "that this one lacks")
+    mg.add_argument("logs", nargs="+", help="JSON-lines history logs")
+    mg.set_defaults(func=_guarded(cmd_merge))

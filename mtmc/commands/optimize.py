@@ -1,15 +1,18 @@
 """`mtmc optimize MODEL.py --out NEW.py`: a faster drop-in ModelNew for an uploaded module;
-`--plan-only`: only how it would be split (capture and partition, nothing compiled)."""
+`--plan-only`: only how it would be split (capture and partition, nothing compiled);
+`mtmc optimize DIR --out OUTDIR [--workers N]`: every module below DIR (commands.batch)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from mtmc.agents.context import Context
 from mtmc.agents.module_flow import optimize_module, plan_module
-from mtmc.commands import known_target
+from mtmc.commands import batch, known_target
 from mtmc.agents.events.text import printer
 from mtmc.tools import isolation
+from mtmc.tools.cluster import add_cluster_args
 from mtmc.tools.machine import gib
 
 
@@ -37,6 +40,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_optimize(args) -> int:
+    if os.path.isdir(args.model) and not args.plan_only:
+        return batch.run_batch(args)
+    if args.workers or args.scheduler:
+        print("mtmc optimize: --workers / --scheduler spread a folder of modules (give a folder)", file=sys.stderr)
+        return 2
     if args.plan_only:
         return cmd_plan(args)
     if not args.out:
@@ -55,8 +63,10 @@ def cmd_optimize(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("optimize", help="write a faster drop-in ModelNew for a PyTorch module file")
-    p.add_argument("model", help="a file with class Model(nn.Module), get_inputs() and get_init_inputs()")
-    p.add_argument("--out", help="path of the file to write (the original plus ModelNew); required unless --plan-only")
+    p.add_argument("model", help="a file with class Model(nn.Module), get_inputs() and get_init_inputs(); or a "
+                   "folder of them (each optimized as one task, on a Dask cluster with --workers / --scheduler)")
+    p.add_argument("--out", help="path of the file to write (the original plus ModelNew); required unless --plan-only; "
+                   "for a folder: the folder to write into")
     p.add_argument("--plan-only", action="store_true",
                    help="only capture (on fake tensors) and split into fusion groups: print the plan, compile nothing")
     p.add_argument("--report", help="also write the markdown report here")
@@ -64,4 +74,6 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=int, default=8, help="planner moves per fusion group after its first draft")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds for one verification or module check")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument("--redo", action="store_true", help="for a folder: optimize modules already recorded in OUTDIR again")
+    add_cluster_args(p)
     p.set_defaults(func=cmd_optimize)

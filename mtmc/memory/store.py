@@ -44,13 +44,26 @@ class Store:
     def add(self, record: HistoryRecord) -> str:
         """Append to the log (durable on return), then index; `index_note` says why a record
         is in the log only (the index is rebuildable, so its failure does not fail the add)."""
+        self._append_all([record.to_dict()])
+        return record.id
+
+    def merge(self, records: list[dict]) -> int:
+        """Append the records (as another log holds them: another host's, in a cluster run) whose
+        ids this log lacks, and index them; returns how many.  Under the log's lock, so merging
+        twice, or beside a writer, adds each history once."""
+        return self._append_all(records, only_new=True)
+
+    def _append_all(self, records: list[dict], only_new: bool = False) -> int:
         self.index_note = None
         with self.log.writing() as append:
             try:
                 index = self.index()
             except MemoryUnavailable as exc:
                 index, self.index_note = None, str(exc)
-            append(record.to_dict())
+            have = self.log.records() if only_new else {}
+            new = [r for r in records if r.get("id") not in have]
+            for r in new:
+                append(r)
             if index is not None:
                 try:
                     missing = set(self.log.records()) - set(index.ids())
@@ -58,7 +71,7 @@ class Store:
                     index.log_size = self.log.size()
                 except Exception as exc:  # any Chroma failure: the log has it, rebuild restores the index
                     self.index_note = f"indexing failed: {type(exc).__name__}: {exc}"
-        return record.id
+        return len(new)
 
     def rebuild(self) -> int:
         """Drop the index and index every record of the log again; returns how many."""
