@@ -80,10 +80,11 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
     read_pool(ctx)   # a pooling's own words (window, stride ...)
+    # before the losses' words: "L1 normalization" is a norm, not an L1 loss
+    read_norm(ctx)   # batch / group / instance norms, L1 / L2 / Frobenius normalization
     read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
     read_scanloss(ctx)   # a scan's or a loss's own words (reverse, reduction, margin ...)
     read_extras(ctx)   # 'along the channel dim'
-    read_norm(ctx)   # batch / group / instance norms, L1 / L2 / Frobenius normalization
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
