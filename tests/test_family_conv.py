@@ -200,7 +200,7 @@ COMPILE_SPECS = {  # KernelBench level-1 shapes
 
 COMPILE_CHILD = """
 import json, sys
-from mtmc.kernels.families.conv import FAMILY
+from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import PROFILES
 from mtmc.kernels.task import compile_resources
@@ -208,6 +208,7 @@ h200 = PROFILES["h200"]
 out = {}
 for name, d in json.loads(sys.stdin.read()).items():
     spec = KernelSpec.from_dict(d)
+    FAMILY = family_of(spec)
     cfg = FAMILY.default_config(spec, h200)
     source = FAMILY.render(spec, cfg)
     if name.endswith("index64"):   # the 64-bit offsets of tensors past 2**31 elements
@@ -218,7 +219,7 @@ print(json.dumps(out))
 
 
 def compile_defaults(specs: dict) -> dict:
-    """Resource reports of each spec's default config for sm_90, from one child with the
+    """Resource reports of each spec's default config (any family) for sm_90, from one child with the
     interpreter off (this process's Triton may be the interpreter's)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -29,7 +29,8 @@ class TensorArg:
 
     shape: dim names of spec.dims (or ints). dtype: None means the spec's dtype.
     init:  how fresh random inputs are drawn: "randn" (normal), "uniform" (U(-1, 1)),
-           "positive" (U(0.5, 1.5), e.g. norm weights).
+           "positive" (U(0.5, 1.5), e.g. norm weights), "mask" (True with probability 3/4,
+           for boolean masks).
     groups: a "NAME/G" entry of shape is NAME's size over this many groups (a grouped conv's weight).
     """
 
@@ -98,7 +99,7 @@ class Family:
         raise NotImplementedError
 
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
 # The host wrappers assume this many SMs off the GPU (Triton's interpreter), so a persistent grid
 # still loops there.
 CPU_SMS = 4

@@ -12,5 +12,6 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "softmax": ("softmax", "log_softmax"),
     "norm": ("layernorm", "rmsnorm"),
     "matmul": ("matmul", "bmm"),
+    "attention": ("sdpa",),
     "conv": ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
 }
