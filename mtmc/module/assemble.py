@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import family_of
+from mtmc.module import attention_fusion
 from mtmc.module.conv_fusion import out_shape_source
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module.fusion import Group
@@ -169,6 +170,8 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         body += [f"out = torch.empty(({lead}, shape[-1]), {alloc})"]
     elif kind == "conv":
         body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
+    elif kind == "attention":
+        body += [f"shape = {attention_fusion.out_shape_source('k0', 'k2')}", f"out = torch.empty(shape, {alloc})"]
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late

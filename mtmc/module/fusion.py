@@ -10,6 +10,8 @@ Groups, found in graph order:
     residual);
   * convolutions (nn.Conv*d, nn.ConvTranspose*d, F.conv*), with their bias and the pointwise
     tail that follows, per-channel operands read as vectors (module.conv_fusion);
+  * attention (F.scaled_dot_product_attention, the hand-written softmax(q @ k^T * s) @ v;
+    module.attention_fusion);
   * reductions, softmax and norms (LayerNorm, RMSNorm, a hand-written RMSNorm) with the
     pointwise prologue that feeds them and, for softmax and norms, the epilogue after them;
   * chains of the remaining pointwise ops.
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import conv_fusion
+from mtmc.module import attention_fusion, conv_fusion
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -122,7 +124,7 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g, plugins=(conv_fusion,))
+        classify = Classifier(self.g, plugins=(conv_fusion, attention_fusion))
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -394,6 +396,9 @@ class Partitioner:
     def _conv_group(self, name: str, a: Anchor) -> None:
         conv_fusion.build(self, name, a)   # the conv, its bias and its pointwise tail
 
+    def _attention_group(self, name: str, a: Anchor) -> None:
+        attention_fusion.build(self, name, a, _Builder)   # q, k, v (and the mask) read in place
+
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:
         """The builder of a group around a weighted anchor (matmul, conv): its input and weight in
@@ -436,10 +441,12 @@ class Partitioner:
         names = [n["name"] for n in self.g.nodes]
         self._rmsnorm_patterns()
         self._silu_patterns()
+        attention_fusion.patterns(self)   # softmax(q @ k^T * scale) @ v written out
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
-                build = {"matmul": self._matmul_group, "conv": self._conv_group}.get(a.family, self._rows_group)
+                build = {"matmul": self._matmul_group, "conv": self._conv_group,
+                         "attention": self._attention_group}.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)
