@@ -13,11 +13,11 @@ import sys
 import time
 
 from bench.record import Results, run_meta
-from bench.tasks import SPINE_TASKS
+from bench.tasks import ATTENTION_TASKS, SPINE_TASKS
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request, summary_json
 
-TASKS = {"spine": SPINE_TASKS}
+TASKS = {"spine": SPINE_TASKS, "attention": ATTENTION_TASKS}
 
 
 def run_tasks(requests: list[str], ctx: Context, save=lambda rows: None) -> list[dict]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from mtmc.kernels import pointwise
 from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
+from mtmc.request.attention_words import build_attention, read_attention
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
 from mtmc.request.formulas import _read_formulas
@@ -74,6 +75,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _read_context(ctx)
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)
+    read_attention(ctx)   # attention's own words (causal, heads, head dim ...)
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -82,7 +84,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    spec = (build_conv if family == "conv" else _BUILDERS[family])(ctx, op)
+    spec = {"conv": build_conv, "attention": build_attention}.get(family, _BUILDERS.get(family))(ctx, op)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
@@ -95,7 +97,8 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
                  "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
                  "log_softmax; layernorm and rmsnorm; matmul, batched matmul and linear layers with a fused "
-                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue. "
+                 "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "
+                 "attention (scaled dot-product, causal or masked). "
                  "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
 
 
@@ -154,6 +157,9 @@ EXAMPLES = {
     "conv": ["conv2d 3x3 stride 2 padding 1 on 16x64x56x56 float16 with 128 output channels",
              "depthwise conv 5x5 padding 2 on a 8x96x112x112 bf16 input, then relu",
              "transposed conv1d kernel 4 stride 2 padding 1 on 8x32x1024 with 16 output channels and a bias"],
+    "attention": ["causal flash attention, batch 8, 16 heads, sequence length 2048, head dim 64, fp16",
+                  "scaled dot product attention on q, k, v of shape 32x32x512x64 in bf16",
+                  "multi-head attention with 12 heads over 4x1024x768 fp16 activations, causal"],
 }
 
 
@@ -173,6 +179,8 @@ def supported_summary() -> str:
              "- convolutions: " + ", ".join(FAMILY_OPS["conv"]) + " on an N x C x [D x] [H x] W input, with kernel, "
              "stride, padding (a number, per dim, 'same'), dilation, groups (depthwise), output padding, output "
              "channels, and pointwise ops fused after (bias, relu, scale ...).",
+             "- attention (sdpa: scaled dot-product, one flash kernel): q as B x H x L x E or batch, heads, sequence "
+             "length and head dim in words; causal, an additive or a boolean mask, a scale; k/v of another length.",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
              "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
              "Row ops work along the last dim only (over each row).",
