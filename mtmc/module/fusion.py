@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from mtmc.module import attention_fusion, conv_fusion
+from mtmc.module import attention_fusion, conv_fusion, matmul_forms
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -124,7 +124,7 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0):
         self.g = Graph(desc)
-        classify = Classifier(self.g, plugins=(conv_fusion, attention_fusion))
+        classify = Classifier(self.g, plugins=(conv_fusion, attention_fusion, matmul_forms))
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}
         for n in self.g.nodes:
@@ -399,6 +399,9 @@ class Partitioner:
     def _attention_group(self, name: str, a: Anchor) -> None:
         attention_fusion.build(self, name, a, _Builder)   # q, k, v (and the mask) read in place
 
+    def _rowscale_group(self, name: str, a: Anchor) -> None:
+        matmul_forms.build(self, name, a, _Builder)   # diag(v) @ B as B * v[row]
+
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:
         """The builder of a group around a weighted anchor (matmul, conv): its input and weight in
@@ -442,11 +445,13 @@ class Partitioner:
         self._rmsnorm_patterns()
         self._silu_patterns()
         attention_fusion.patterns(self)   # softmax(q @ k^T * scale) @ v written out
+        matmul_forms.patterns(self)       # diag(v) @ B: a row scaling
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
                 build = {"matmul": self._matmul_group, "conv": self._conv_group,
-                         "attention": self._attention_group}.get(a.family, self._rows_group)
+                         "attention": self._attention_group,
+                         "rowscale": self._rowscale_group}.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)

@@ -154,8 +154,10 @@ def einsum_b_layout(equation: str) -> str | None:
     """"kn" or "nk" when an einsum of two operands a, b is a matmul a @ b (or a @ b^T): a's last
     letter k is contracted with one of b's last two, b's other last letter n ends the output,
     and a's other letters lead it: 'bijl,lk->bijk', 'ij,kj->ik'; for a batched b ('bij,bjk->bik')
-    its leading letters are a's own.  None for any other equation."""
+    its leading letters are a's own; 'ij,jk' (no output) means 'ij,jk->ik'.  None for any other equation."""
     eq = equation.replace(" ", "")
+    if "->" not in eq and eq.count(",") == 1:   # implicit output: the letters seen once, sorted
+        eq += "->" + "".join(sorted(ch for ch in set(eq) if ch.isalpha() and eq.count(ch) == 1))
     if "." in eq or eq.count("->") != 1 or eq.count(",") != 1:
         return None
     (ea, eb), out = eq.split("->")[0].split(","), eq.split("->")[1]
