@@ -1,5 +1,6 @@
 """More spellings of matrix products in uploaded modules: einsum with an implicit output,
-tensordot, and diag(v) @ B / B @ diag(v) as row / column scalings (no [N, N] matrix), each
+tensordot, diag(v) @ B / B @ diag(v) as row / column scalings (no [N, N] matrix), and
+matrix-vector products as row reductions sum(A * v) (one pass over A), each
 checked as ModelNew against Model in the interpreter; tensordot forms that are not a matmul
 stay PyTorch with the reason."""
 from __future__ import annotations
@@ -33,6 +34,9 @@ def get_init_inputs():
     ("torch.tensordot(A, B, dims=([-1], [1]))", "16, 24", "20, 24", [("matmul", "matmul", "nk")]),
     ("torch.relu(torch.diag(A) @ B)", "16", "16, 20", [("elementwise", "chain", None)]),
     ("B @ torch.diag(A)", "20", "16, 20", [("elementwise", "chain", None)]),
+    ("B @ A", "24", "16, 24", [("reduction", "sum", None)]),
+    ("torch.mv(B, A) * 2.0", "24", "16, 24", [("reduction", "sum", None), ("elementwise", "chain", None)]),
+    ("torch.matmul(B, A)", "24", "2, 3, 24", [("reduction", "sum", None)]),
 ])
 def test_matmul_spellings_become_kernels(expr, a, b, groups, tmp_path):
     source = FORM.format(expr=expr, a=a, b=b)

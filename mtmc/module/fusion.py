@@ -399,8 +399,8 @@ class Partitioner:
     def _attention_group(self, name: str, a: Anchor) -> None:
         attention_fusion.build(self, name, a, _Builder)   # q, k, v (and the mask) read in place
 
-    def _rowscale_group(self, name: str, a: Anchor) -> None:
-        matmul_forms.build(self, name, a, _Builder)   # diag(v) @ B as B * v[row]
+    def _matmul_form_group(self, name: str, a: Anchor) -> None:
+        matmul_forms.build(self, name, a, _Builder)   # diag(v) @ B as B * v[row]; A @ v as sum(A * v)
 
     def _weighted(self, name: str, a: Anchor, dtype: str, x_view: str, w_view: str,
                   n: int) -> tuple[_Builder, list[dict]] | None:
@@ -445,13 +445,13 @@ class Partitioner:
         self._rmsnorm_patterns()
         self._silu_patterns()
         attention_fusion.patterns(self)   # softmax(q @ k^T * scale) @ v written out
-        matmul_forms.patterns(self)       # diag(v) @ B: a row scaling
+        matmul_forms.patterns(self)       # diag(v) @ B: a row scaling; A @ v: a row reduction
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
             if isinstance(a, Anchor) and name not in self.taken:
                 build = {"matmul": self._matmul_group, "conv": self._conv_group,
                          "attention": self._attention_group,
-                         "rowscale": self._rowscale_group}.get(a.family, self._rows_group)
+                         "matmul_form": self._matmul_form_group}.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
             s = self.sem.get(name)

@@ -4,16 +4,22 @@
     (b read as [K, N], or as [N, K] through its strides);
   * torch.diag(v) @ B: a row scaling, v[:, None] * B, as an elementwise kernel reading v in
     place (no [N, N] matrix is made, no N^2 K products are done); B @ torch.diag(v): a column
-    scaling, B * v.
+    scaling, B * v;
+  * A @ v, torch.mv(A, v) (a matrix-vector product, memory-bound): a row reduction sum(A * v)
+    over A's last dim, one pass over A with v read in place and fp32 sums.
 einsum's matmul forms are module.fx_ops' (einsum_b_layout).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from mtmc.module.fx_ops import Anchor, NodeRef, Pointwise, Reject, _arg, q
+from mtmc.kernels.spec import DTYPES
+from mtmc.module.fx_ops import MATMUL_FUNCTIONS, Anchor, NodeRef, Pointwise, Reject, _arg, q
 
 TENSORDOT, DIAG = q(torch.tensordot), q(torch.diag)
+MATVEC_FUNCTIONS = MATMUL_FUNCTIONS | {q(torch.mv)}
 
 
 def classify_call(c, name: str, fn: str | None, args: tuple, kwargs: dict) -> Anchor | None:
@@ -58,14 +64,33 @@ def _diag_of(p, ref) -> NodeRef | None:
     return v
 
 
+def _matvec(p, name: str) -> Anchor | None:
+    """A matrix-vector product A @ v (A with >= 2 dims, v 1-D) as a "matvec" anchor."""
+    n = p.g.by_name[name]
+    if not ((n["op"] == "call_function" and n["target"] in MATVEC_FUNCTIONS)
+            or (n["op"] == "call_method" and n["target"] in ("matmul", "mv"))):
+        return None
+    args, kwargs = p.g.args(name)
+    a, v = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other", kwargs.get("vec"))
+    ta, tv = (p.g.tensor(r) if isinstance(r, NodeRef) else None for r in (a, v))
+    if ta is None or tv is None or len(ta[0]) < 2 or len(tv[0]) != 1 or ta[1] != tv[1] or ta[1] not in DTYPES:
+        return None
+    return Anchor("matmul_form", "matvec", a, vectors=[v], out=name, replaces=[name])
+
+
 def patterns(p) -> None:
-    """diag(v) @ B -> a row-scaling anchor; B @ diag(v) -> B * v."""
+    """diag(v) @ B -> a row-scaling anchor; B @ diag(v) -> B * v; A @ v -> a matvec anchor."""
+    for n in p.g.nodes:
+        found = _matvec(p, n["name"]) if n["name"] not in p.sem else None
+        if found:
+            p.sem[n["name"]] = found
+            p.why.pop(n["name"], None)
     for name, a in list(p.sem.items()):
         if not (isinstance(a, Anchor) and a.family == "matmul" and a.op == "matmul" and a.bias is None):
             continue
         v = _diag_of(p, a.x)
         if v is not None and not a.b_nk and isinstance(a.b, NodeRef) and len(p.g.tensor(a.b)[0]) == 2:
-            p.sem[name] = Anchor("rowscale", "rowscale", a.b, vectors=[v], covers=[a.x.name], out=name,
+            p.sem[name] = Anchor("matmul_form", "rowscale", a.b, vectors=[v], covers=[a.x.name], out=name,
                                  replaces=[name])
         elif (w := _diag_of(p, a.b)) is not None and not a.b_nk and len(p.g.tensor(a.x)[0]) == 2:
             p.sem[name] = Pointwise([a.x, w], binop="mul", covers=[a.b.name])
@@ -75,6 +100,26 @@ def patterns(p) -> None:
 
 
 def build(p, name: str, a: Anchor, builder) -> None:
+    """The group of a "matmul_form" anchor (a Partitioner's method in all but name)."""
+    (_matvec_group if a.op == "matvec" else _rowscale_group)(p, name, a, builder)
+
+
+def _matvec_group(p, name: str, a: Anchor, builder) -> None:
+    """A @ v as sum(A * v) over A's last dim: a reduction whose prologue multiplies by v, read
+    in place as a periodic operand (element i of a row meets v[i % K])."""
+    shape, dtype = p.g.tensor(a.x)
+    k = shape[-1]
+    if p.g.tensor(a.vectors[0]) != ([k], dtype):
+        p.why[name] = f"the vector is not a [{k}] {dtype} vector"
+        return
+    b = builder(p.g, a.x, dtype)
+    b.inputs += [{"arg": 0, "view": "rows", "contiguous": True}, {"arg": b.arg(a.vectors[0]), "view": "periodic"}]
+    b.nodes.append(name)
+    p._finish("reduction", "sum", {"M": math.prod(shape[:-1]), "N": k}, {"prologue": [{"op": "mul", "every": 1, "period": k}]}, b,
+              {"kind": "reduced", "dim": len(shape) - 1, "keepdim": False}, [name])
+
+
+def _rowscale_group(p, name: str, a: Anchor, builder) -> None:
     """diag(v) @ B as out = B * v[row]: an elementwise chain whose operand v is read in place
     (a periodic operand: element i of B meets v[i // N]), with the pointwise tail after it."""
     shape, dtype = p.g.tensor(a.x)
