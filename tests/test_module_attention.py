@@ -146,3 +146,45 @@ def test_mha_block_end_to_end_through_optimize(tmp_path):
     assert summary["check"]["status"] == "passed", summary["check"]
     assert [g["family"] for g in summary["groups"]] == ["matmul", "attention", "matmul", "norm"]
     assert all(g["status"] == "kernel" for g in summary["groups"])
+
+
+ENCODER = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = {module}
+
+    def forward(self, x):
+        return self.enc(x)
+
+
+def get_inputs():
+    return [torch.randn(2, 6, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("module, families", [
+    ("nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0), num_layers=2)",
+     ["matmul", "attention", "matmul", "norm", "matmul", "matmul", "norm"] * 2),
+    ("nn.TransformerEncoderLayer(32, 2, 48, dropout=0.0, activation='gelu', batch_first=True, norm_first=True)",
+     ["norm", "matmul", "attention", "matmul", "norm", "matmul", "matmul"]),
+])
+def test_transformer_encoders_are_traced_as_their_parts(module, families, tmp_path):
+    """ViT-style encoders (KernelBench level 3): each layer's attention, projections, MLP and norms."""
+    source = ENCODER.format(module=module)
+    cap, part = captured_source(tmp_path, source)
+    assert [g.family for g in part.groups] == families and part.torch_ops == []
+    assert_model_new_matches(tmp_path, source, cap, part)
+
+
+def test_an_encoder_layer_with_dropout_in_training_mode_stays_pytorch_with_the_reason(tmp_path):
+    _, part = captured_source(tmp_path, ENCODER.format(module="nn.TransformerEncoderLayer(32, 2, 48)"))
+    assert part.groups == [] and "training mode with dropout" in part.torch_ops[0]["why"]

@@ -23,6 +23,7 @@ from mtmc.module.fx_ops import Anchor, Classifier, NodeRef, Pointwise, Reject, _
 SDPA = q(F.scaled_dot_product_attention)
 MASKED_FILL = q(torch.masked_fill)
 MHA = _cls(nn.MultiheadAttention)
+ENCODERS = {_cls(nn.TransformerEncoderLayer), _cls(nn.TransformerEncoder)}
 
 
 # -- classifying ----------------------------------------------------------------------------------
@@ -100,7 +101,10 @@ def classify_call(c, name: str, fn: str | None, args: tuple, kwargs: dict) -> An
 
 
 def classify_module(c, name: str, target: str, info: dict, x) -> Anchor | None:
-    """nn.MultiheadAttention kept whole by the capture: always a Reject with the reason."""
+    """nn.MultiheadAttention (or a Transformer encoder layer / encoder) kept whole by the
+    capture: always a Reject with the reason."""
+    if info.get("type") in ENCODERS:
+        return _encoder_reject(c, name, info)
     if info.get("type") != MHA:
         return None
     attrs = info.get("attrs", {})
@@ -110,6 +114,14 @@ def classify_module(c, name: str, target: str, info: dict, x) -> Anchor | None:
         raise Reject("nn.MultiheadAttention with add_bias_kv or add_zero_attn is not in the kernel")
     raise Reject("nn.MultiheadAttention whose attention weights are used (need_weights), with a key padding "
                  "or attention mask, or unbatched input, stays PyTorch")
+
+
+def _encoder_reject(c, name: str, info: dict):
+    kind = info["type"].rsplit(".", 1)[-1]
+    if info.get("attrs", {}).get("training", True):
+        raise Reject(f"nn.{kind} in training mode with dropout > 0 is random, or it gets masks or unbatched "
+                     "input: it stays PyTorch (eval mode or dropout=0 makes it kernels)")
+    raise Reject(f"nn.{kind} with masks, unbatched input or a custom layer stays PyTorch")
 
 
 # -- the hand-written pattern ------------------------------------------------------------------------
