@@ -50,6 +50,8 @@ def test_attention_matches_torch(name, dtype):
     spec = attention_spec(q, k, v, dtype=dtype, **opts)
     if dtype == "float32":
         knobs = {**knobs, "PRECISION": "tf32x3" if "chunks" in name else "ieee"}
+    if "SKIP_MASKED" in ATTN.config_space(spec):   # both ways: the skip's branch and the plain loop
+        knobs = {**knobs, "SKIP_MASKED": dtype != "float16"}
     assert_matches_torch(spec, **knobs)
 
 
@@ -80,6 +82,26 @@ def test_strided_views_are_read_in_place():
     torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mask, dtype", [("fill", "float32"), ("keep", "float16")])
+def test_key_tiles_a_boolean_mask_hides_are_skipped_and_the_result_holds(mask, dtype):
+    """A causal mask as a tril buffer (minGPT's masked_fill): tiles above the diagonal are
+    skipped (their k and v never read); rows see only their keys."""
+    import torch
+    spec = attention_spec((1, 2, 40, 16), (1, 2, 40, 16), (1, 2, 40, 16), dtype=dtype, mask=mask,
+                          mask_shape=(1, 1, 40, 40))
+    source = ATTN.render(spec, {**ATTN.default_config(spec, H200), **SMALL, "SKIP_MASKED": True})
+    assert "if tl.max(attend.to(tl.int32)) > 0:" in source
+    ns = {}
+    exec(source, ns)
+    t = getattr(torch, dtype)
+    q, k, v = (torch.randn(1, 2, 40, 16).to(t) for _ in range(3))
+    tril = torch.ones(40, 40).tril().bool()
+    out = torch.empty(1, 2, 40, 16, dtype=t)
+    ns["launch"](q, k, v, (~tril if mask == "fill" else tril).view(1, 1, 40, 40), out=out)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    torch.testing.assert_close(out.double(), want, atol=2e-3 if dtype == "float16" else 1e-5, rtol=1e-3)
+
+
 def test_check_rejects_a_kernel_that_ignores_the_causal_mask():
     spec = attention_spec((1, 1, 20, 16), (1, 1, 20, 16), (1, 1, 20, 16), mask="causal")
     cfg = {**ATTN.default_config(spec, H200), **SMALL}
@@ -96,6 +118,10 @@ COMPILE_SPECS = {
     "E=64 additive": attention_spec((16, 16, 2048, 64), (16, 16, 2048, 64), (16, 16, 2048, 64), mask="add"),
     "E=128 boolean": attention_spec((8, 16, 1024, 128), (8, 16, 1024, 128), (8, 16, 1024, 128), mask="keep",
                                     mask_shape=(8, 1, 1, 1024)),
+    "mingpt masked_fill E=96": attention_spec((128, 8, 512, 96), (128, 8, 512, 96), (128, 8, 512, 96), mask="fill",
+                                              mask_shape=(1, 1, 512, 512)),
+    "masked_fill E=64": attention_spec((16, 16, 1024, 64), (16, 16, 1024, 64), (16, 16, 1024, 64), mask="fill",
+                                       mask_shape=(1, 1, 1024, 1024)),
     "E=256 causal": attention_spec((4, 8, 1024, 256), (4, 8, 1024, 256), (4, 8, 1024, 256), mask="causal"),
 }
 

@@ -20,7 +20,9 @@ sum in fp32, exp2 with the scale folded into log2 units); both products run on t
 (tl.dot, fp32 accumulation; fp32 inputs as IEEE or three TF32 products, the PRECISION knob).
 Head dims up to 256 keep the query tile in registers; longer ones are walked in BLOCK_E chunks
 (and, above BLOCK_DV, each value slice recomputes the logits: a limit, said in the README).
-Causal tiles past the diagonal are never visited and only the diagonal tiles pay for the mask.
+Causal tiles past the diagonal are never visited and only the diagonal tiles pay for the mask;
+with a boolean mask, a key tile it masks out wholly (a causal mask written as a tril buffer) is
+skipped (its products and softmax; the k and v loads stay where the compiler pipelines them).
 Every size and stride comes from the tensors, so q, k, v and the mask are read in place (the
 head-split views of a fused QKV projection, a [L, S] mask broadcast over batch and heads).
 """
@@ -180,7 +182,13 @@ class AttentionFamily(Family):
                  "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4, 5]}
         if spec.dtype == "float32":
             space["PRECISION"] = ["ieee", "tf32x3"]
+        if self._bool_inf_mask(spec):
+            space["SKIP_MASKED"] = [False, True]
         return space
+
+    def _bool_inf_mask(self, spec: KernelSpec) -> bool:
+        m = self.mask(spec)
+        return m == "keep" or (m == "fill" and spec.params.get("fill") == float("-inf"))
 
     def default_config(self, spec: KernelSpec, hw) -> dict:
         d = spec.dims
@@ -209,6 +217,13 @@ class AttentionFamily(Family):
                "num_warps": warps, "num_stages": stages}
         if fp32:
             cfg["PRECISION"] = "tf32x3" if "tf32" in getattr(hw, "tc_tflops", {}) else "ieee"
+        if self._bool_inf_mask(spec):
+            # skipping wholly masked key tiles pays off for structured masks: a masked_fill with a
+            # tril buffer (the hand-written causal form) is one; an arbitrary boolean mask is not,
+            # and the skip's branch costs the tiles it keeps their load pipelining
+            cfg["SKIP_MASKED"] = self.mask(spec) == "fill"
+            if cfg["SKIP_MASKED"] and fp32:   # the branch's live tiles: 16 query rows compile without spills
+                cfg.update(BLOCK_M=16, BLOCK_N=min(cfg["BLOCK_N"], 32), num_warps=8)
         return cfg
 
     def render(self, spec: KernelSpec, config: dict) -> str:
@@ -236,15 +251,29 @@ class AttentionFamily(Family):
                   *(f"{c}: tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_E", "ONE_E", "MASKED"))]
         upcast = ["if INTERPRETED:  # the interpreter multiplies bf16 bit patterns in tl.dot (triton#11584)",
                   "    qc, kt = qc.to(tl.float32), kt.to(tl.float32)"] if bf16 else []
+        head = ["offs_n = start_n + tl.arange(0, BLOCK_N)",
+                "mask_n = offs_n < S",
+                "offs_e = tl.arange(0, BLOCK_E)"]
+        skip = bool(cfg.get("SKIP_MASKED"))
+        # out-of-bounds entries of a boolean mask read as masked out, so a tile left wholly masked
+        # (above a causal diagonal written as a tril buffer) can be skipped
+        other = {"add": "0", "keep": "0", "fill": "1"}.get(m)
+        mask_load = ["mv = tl.load(mask_base + offs_m[:, None] * sm_l + offs_n[None, :] * sm_s,",
+                     f"             mask=mask_m[:, None] & mask_n[None, :], other={other})"] if other else []
+        if skip:
+            head += [*mask_load, "attend = mv != 0" if m == "keep" else "attend = mv == 0"]
+        k_load = ["if ONE_E:",
+                  "    kt = tl.load(k_base + offs_n[None, :] * sk_s + offs_e[:, None] * sk_e,",
+                  "                 mask=mask_n[None, :] & (offs_e < E)[:, None], other=0.0)"]
+        v_load = ["v = tl.load(v_base + offs_n[:, None] * sv_s + offs_d[None, :] * sv_e,",
+                  "            mask=mask_n[:, None] & mask_d[None, :], other=0.0)"]
+        if skip:   # k and v at the loop's top level, where the compiler still pipelines them
+            head += k_load + v_load
         body = [
-            "offs_n = start_n + tl.arange(0, BLOCK_N)",
-            "mask_n = offs_n < S",
-            "offs_e = tl.arange(0, BLOCK_E)",
+            *([] if skip else k_load),
             "# logits of this key tile, fp32 on tensor cores",
             "s = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
             "if ONE_E:  # the whole head dim in one chunk: q stays in registers",
-            "    kt = tl.load(k_base + offs_n[None, :] * sk_s + offs_e[:, None] * sk_e,",
-            "                 mask=mask_n[None, :] & (offs_e < E)[:, None], other=0.0)",
             "    qc = q",
             *indent(upcast),
             "    s = " + self._dot(spec, cfg, "qc", "kt", "s"),
@@ -258,18 +287,16 @@ class AttentionFamily(Family):
             *indent(upcast, 2),
             "        s = " + self._dot(spec, cfg, "qc", "kt", "s"),
             "s = s * qk_scale  # log2 units: exp2 below",
+            *([] if skip else mask_load),
         ]
-        if m in TENSOR_MASKS:
-            body += ["mv = tl.load(mask_base + offs_m[:, None] * sm_l + offs_n[None, :] * sm_s,",
-                     "             mask=mask_m[:, None] & mask_n[None, :], other=0)"]
-            if m == "add":
-                body.append(f"s = s + mv.to(tl.float32) * {LOG2E!r}")
-            elif m == "keep":
-                body.append("s = tl.where(mv != 0, s, float('-inf'))")
-            else:
-                fill = spec.params["fill"]
-                fill_s = _num(float(fill) * LOG2E)
-                body.append(f"s = tl.where(mv != 0, {fill_s}, s)")
+        if skip:
+            body.append("s = tl.where(attend, s, float('-inf'))")
+        elif m == "keep":
+            body.append("s = tl.where(mv != 0, s, float('-inf'))")
+        elif m == "add":
+            body.append(f"s = s + mv.to(tl.float32) * {LOG2E!r}")
+        elif m == "fill":
+            body.append(f"s = tl.where(mv != 0, {_num(float(spec.params['fill']) * LOG2E)}, s)")
         body += [
             "if MASKED:  # the tile holding the last keys (or the causal diagonal)",
             "    keep = mask_n[None, :]",
@@ -284,15 +311,18 @@ class AttentionFamily(Family):
             "alpha = tl.math.exp2(m_i - m_safe)",
             "p = tl.math.exp2(s - m_safe[:, None])",
             "l_i = l_i * alpha + tl.sum(p, 1)",
-            "v = tl.load(v_base + offs_n[:, None] * sv_s + offs_d[None, :] * sv_e,",
-            "            mask=mask_n[:, None] & mask_d[None, :], other=0.0)",
+            *([] if skip else v_load),
             "pv = p.to(v.dtype)",
         ]
         if bf16:
             body += ["if INTERPRETED:  # see above",
                      "    pv, v = pv.to(tl.float32), v.to(tl.float32)"]
-        body += ["acc = " + self._dot(spec, cfg, "pv", "v", "acc * alpha[:, None]"),
-                 "return acc, m_new, l_i"]
+        body.append("acc = " + self._dot(spec, cfg, "pv", "v", "acc * alpha[:, None]"))
+        if skip:   # no key of the tile is attended: no product is done
+            body = ["m_new = m_i", "if tl.max(attend.to(tl.int32)) > 0:", *indent(body)]
+        else:
+            body = ["m_new = m_i", *body]
+        body = [*head, *body, "return acc, m_new, l_i"]
         params.insert(params.index("sk_s"), "sq_e")
         return "@triton.jit\n" + signature("attend_block", params) + "\n" + "\n".join(indent(body)) + "\n"
 
