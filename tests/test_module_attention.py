@@ -91,6 +91,17 @@ def test_mingpt_attention_is_one_group_between_its_projections():
     assert [o.split(" ")[0] for o in att.ops] == ["matmul", "mul", ".masked_fill()", "softmax", "Dropout", "matmul"]
     # only the mask's comparison stays PyTorch (a [1, 1, T, T] bool the kernel reads in place)
     assert [o["op"].split(" ")[0] for o in part.torch_ops] == ["eq"]
+    # y.transpose(1, 2).contiguous(): the kernel writes [B, T, H, hs], so that copy is a no-op
+    assert att.out == {"kind": "attention", "perm": [0, 2, 1, 3]}
+
+
+def test_attention_output_stored_in_its_users_order_is_the_same_tensor():
+    import torch
+
+    from mtmc.module.attention_fusion import out_lines
+    ns = {"torch": torch, "k0": torch.empty(2, 3, 5, 8), "k2": torch.empty(2, 3, 7, 4)}
+    exec("\n".join(out_lines({"kind": "attention", "perm": [0, 2, 1, 3]}, "dtype=torch.float32")), ns)
+    assert ns["out"].shape == (2, 3, 5, 4) and ns["out"].transpose(1, 2).is_contiguous()
 
 
 MHA = """

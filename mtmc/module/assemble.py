@@ -171,7 +171,7 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
     elif kind == "conv":
         body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     elif kind == "attention":
-        body += [f"shape = {attention_fusion.out_shape_source('k0', 'k2')}", f"out = torch.empty(shape, {alloc})"]
+        body += attention_fusion.out_lines(group.out, alloc)
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late

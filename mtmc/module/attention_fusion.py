@@ -255,9 +255,48 @@ def build(p, name: str, a: Anchor, builder) -> None:
     for ref, value in guards:
         b.guard(ref, value)
     b.nodes += [name, *a.covers]
-    p._finish("attention", "sdpa", spec.dims, spec.params, b, {"kind": "attention"}, a.replaces)
+    out = {"kind": "attention"}
+    perm = _user_permutation(p, a.replaces[0], len(shapes[0]))
+    if perm:
+        out["perm"] = perm
+    p._finish("attention", "sdpa", spec.dims, spec.params, b, out, a.replaces)
 
 
-def out_shape_source(q: str, v: str) -> str:
-    """Python source of an attention group's output shape: q's, with v's last dim."""
-    return f"(*{q}.shape[:-1], {v}.shape[-1])"
+def _user_permutation(p, name: str, rank: int) -> list[int] | None:
+    """The dims order of the one transpose / permute reading `name` (the heads merged back:
+    y.transpose(1, 2).contiguous().view(B, T, C)); the kernel then writes its output in that
+    order, so the permuted view is already contiguous and .contiguous() copies nothing."""
+    users = p.g.users[name]
+    if len(users) != 1:
+        return None
+    n = p.g.by_name[users[0]]
+    args, _ = p.g.args(users[0])
+    if not args or args[0] != NodeRef(name) or n["op"] not in ("call_method", "call_function"):
+        return None
+    what = n["target"].rsplit(".", 1)[-1]
+    dims = list(args[1:])
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+        dims = list(dims[0])
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return None
+    if what == "transpose" and len(dims) == 2:
+        perm = list(range(rank))
+        i, j = dims[0] % rank, dims[1] % rank
+        perm[i], perm[j] = perm[j], perm[i]
+    elif what == "permute" and len(dims) == rank:
+        perm = [d % rank for d in dims]
+    else:
+        return None
+    return perm if sorted(perm) == list(range(rank)) and perm != list(range(rank)) else None
+
+
+def out_lines(out: dict, alloc: str) -> list[str]:
+    """Wrapper lines making an attention group's `shape` and `out` (q's shape with v's last dim;
+    stored in the order of out["perm"] when the group's user permutes it)."""
+    lines = ["shape = (*k0.shape[:-1], k2.shape[-1])"]
+    perm = out.get("perm")
+    if not perm:
+        return lines + [f"out = torch.empty(shape, {alloc})"]
+    inverse = [perm.index(i) for i in range(len(perm))]
+    return lines + [f"out = torch.empty([shape[i] for i in {perm}], {alloc}).permute({', '.join(map(str, inverse))})"
+                    "  # stored as its user reads it"]
