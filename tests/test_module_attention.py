@@ -199,3 +199,44 @@ def test_transformer_encoders_are_traced_as_their_parts(module, families, tmp_pa
 def test_an_encoder_layer_with_dropout_in_training_mode_stays_pytorch_with_the_reason(tmp_path):
     _, part = captured_source(tmp_path, ENCODER.format(module="nn.TransformerEncoderLayer(32, 2, 48)"))
     assert part.groups == [] and "training mode with dropout" in part.torch_ops[0]["why"]
+
+
+HAND_WRITTEN = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, q, k, v, mask):
+        {body}
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 9, 16), torch.randn(2, 3, 11, 16), torch.randn(2, 3, 11, 8), torch.randn(9, 11)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("body, params", [
+    ("return torch.softmax((q * 0.25) @ k.transpose(-2, -1), dim=-1) @ v", {"mask": "none", "scale": 0.25}),
+    ("s = torch.einsum('bhid,bhjd->bhij', q, k) / 4.0 + mask\n        return torch.einsum('bhij,bhjd->bhid', "
+     "s.softmax(-1), v)", {"mask": "add", "scale": 0.25, "mask_shape": [1, 1, "L", "S"]}),
+    ("s = (q @ k.transpose(-2, -1)).masked_fill(mask > 1.0, -1e4) * 0.5\n        return torch.matmul("
+     "torch.softmax(s, dim=-1), v)", {"mask": "fill", "scale": 0.5, "fill": -5e3}),
+])
+def test_hand_written_attention_forms(body, params, tmp_path):
+    source = HAND_WRITTEN.format(body=body)
+    cap, part = captured_source(tmp_path, source)
+    att = [g for g in part.groups if g.family == "attention"]
+    assert len(att) == 1 and {k: att[0].spec["params"].get(k) for k in params} == params, part.groups
+    assert_model_new_matches(tmp_path, source, cap, part)
+
+
+def test_scores_scaled_after_an_added_mask_are_not_sdpa(tmp_path):
+    """(q @ k^T + mask) * s scales the mask too: two matmuls and a softmax, not attention."""
+    source = HAND_WRITTEN.format(body="return torch.softmax((q @ k.transpose(-2, -1) + mask) * 0.5, -1) @ v")
+    _, part = captured_source(tmp_path, source)
+    assert "attention" not in [g.family for g in part.groups]

@@ -44,3 +44,12 @@ def test_attention_refusals_say_why(text, words):
 def test_examples_parse():
     for text in EXAMPLES["attention"]:
         assert parse_request(text).ok, text
+
+
+def test_the_attention_benchmark_row_parses_and_is_registered():
+    from bench.run import TASKS
+    from bench.tasks import ATTENTION_TASKS
+    assert TASKS["attention"] is ATTENTION_TASKS
+    for text in ATTENTION_TASKS:
+        r = parse_request(text)
+        assert r.ok and r.spec.family == "attention", (text, r.message)

@@ -174,15 +174,9 @@ def _match(p, name: str) -> Anchor | None:
             mask, kind, fill = mf[1], "fill", value * scale   # the scales applied after it scale the fill
             covers.append(cur)
             cur = mf[0].name
-        elif isinstance(s, Pointwise) and s.binop in ("mul", "div"):
-            x, y = s.inputs
-            running, other = (x, y) if isinstance(x, NodeRef) and p.g.tensor(x) is not None else (y, x)
-            num = p.g.number(other)
-            if not isinstance(running, NodeRef) or num is None or (s.binop == "div" and running != x) or num == 0:
-                return None
-            if isinstance(other, NodeRef):
-                guards.append((other, num))
-            scale *= num if s.binop == "mul" else 1.0 / num
+        elif (scaled := _scalar_factor(p, cur, guards)) is not None:
+            running, factor = scaled
+            scale *= factor
             covers.append(cur)
             cur = running.name
         elif isinstance(s, Pointwise) and s.binop == "add" and mask is None:
@@ -205,6 +199,11 @@ def _match(p, name: str) -> Anchor | None:
             and isinstance(qk.b, NodeRef)):
         return None
     covers = [cur, *qk.covers, *covers]
+    q = qk.x
+    while _only_user(p, q.name) and (scaled := _scalar_factor(p, q.name, guards)) is not None:
+        covers.append(q.name)   # (q * s) @ k^T: the scale folds into the logits' too
+        q, factor = scaled
+        scale *= factor
     params = {"mask": kind, "scale": scale, "_guards": guards}
     refs = [qk.b, pv.b]
     if mask is not None:
@@ -213,7 +212,22 @@ def _match(p, name: str) -> Anchor | None:
             if p.g.tensor(mask)[1] != "bool":
                 return None
             params["fill"] = fill
-    return Anchor("attention", "sdpa", qk.x, params=params, vectors=refs, covers=covers, out=user, replaces=[user])
+    return Anchor("attention", "sdpa", q, params=params, vectors=refs, covers=covers, out=user, replaces=[user])
+
+
+def _scalar_factor(p, name: str, guards: list) -> tuple[NodeRef, float] | None:
+    """(x, c) when node `name` is x * c or x / c for a number c (a node computing c is guarded)."""
+    s = p.sem.get(name)
+    if not (isinstance(s, Pointwise) and s.binop in ("mul", "div")):
+        return None
+    x, y = s.inputs
+    running, other = (x, y) if isinstance(x, NodeRef) and p.g.tensor(x) is not None else (y, x)
+    num = p.g.number(other)
+    if not isinstance(running, NodeRef) or num is None or num == 0 or (s.binop == "div" and running != x):
+        return None
+    if isinstance(other, NodeRef):
+        guards.append((other, num))
+    return running, num if s.binop == "mul" else 1.0 / num
 
 
 def patterns(p) -> None:
