@@ -196,7 +196,13 @@ class AttentionFamily(Family):
         block_e = e if e <= 256 else 64          # the query tile stays in registers up to 256
         block_dv = min(ev, 256)
         width = max(block_e, block_dv)
-        if fp32:
+        if max(e, ev) > 256:
+            # long heads (KernelBench's 1024): one value slice, so q @ k^T is computed once, with
+            # the head dim in chunks of 32 and few query rows to hold the [rows, EV] accumulator
+            # (swept for sm_90: the largest tiles without spills)
+            block_e, block_dv = 32, ev
+            bm, bn, warps, stages = (16, 16, 8, 2) if fp32 else (32, 16, 8, 2)
+        elif fp32:
             # tf32x3 splits every fp32 tile into TF32 halves, which doubles the registers a tile
             # needs: the largest tiles that compile for sm_90 without spills (swept per head dim)
             if width > 128:   # a [32, 256] query tile spills: the head dim in chunks of 32
