@@ -178,3 +178,10 @@ def test_check_dims_work_and_defaults():
     assert ATTN.work(causal)[0] < 0.6 * ATTN.work(full)[0]
     small = attention_spec((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))
     assert ATTN.check_dims(small, ATTN.default_config(small, H200)) == small.dims
+
+
+def test_roofline_estimate_knows_the_attention_loop_and_tensor_cores():
+    from mtmc.kernels.estimate import estimate_time
+    spec = attention_spec((16, 16, 4096, 64), (16, 16, 4096, 64), (16, 16, 4096, 64), dtype="float16", mask="causal")
+    est = estimate_time(spec, ATTN.default_config(spec, H200), H200)
+    assert est["feasible"] and est["ideal_ms"] <= est["ms"] < 3 * est["ideal_ms"]   # tensor-core peak, S / BLOCK_N steps

@@ -79,6 +79,7 @@ def mask_dims(shape, dims: dict) -> list:
 class AttentionFamily(Family):
     name = "attention"
     ops = FAMILY_OPS["attention"]
+    tensor_core = True    # both products run on tensor cores (the roofline's peak)
 
     # -- what ------------------------------------------------------------------------------
     def mask(self, spec: KernelSpec) -> str:
@@ -434,6 +435,16 @@ class AttentionFamily(Family):
     def programs(self, spec: KernelSpec, config: dict) -> int:
         d = spec.dims
         return d["B"] * d["H"] * -(-d["L"] // int(config["BLOCK_M"])) * -(-d["EV"] // int(config["BLOCK_DV"]))
+
+    def steps(self, spec: KernelSpec, config: dict) -> int:
+        """Key tiles one program walks (half of them under a causal mask), times the head-dim
+        chunks of each: the roofline model's loop length."""
+        d = spec.dims
+        tiles = -(-d["S"] // int(config["BLOCK_N"]))
+        if self.mask(spec) == "causal":
+            tiles = max(1, tiles // 2)
+        chunks = 1 if d["E"] <= int(config["BLOCK_E"]) else -(-d["E"] // int(config["BLOCK_E"]))
+        return tiles * chunks
 
     def traffic(self, spec: KernelSpec, config: dict) -> float:
         """Bytes moved: q and out once; k and v once per query tile running apart (L2 serves
