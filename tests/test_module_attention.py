@@ -224,6 +224,7 @@ def get_init_inputs():
     ("return torch.softmax((q * 0.25) @ k.transpose(-2, -1), dim=-1) @ v", {"mask": "none", "scale": 0.25}),
     ("s = torch.einsum('bhid,bhjd->bhij', q, k) / 4.0 + mask\n        return torch.einsum('bhij,bhjd->bhid', "
      "s.softmax(-1), v)", {"mask": "add", "scale": 0.25, "mask_shape": [1, 1, "L", "S"]}),
+    ("return torch.softmax(q @ k.permute(0, 1, 3, 2) / 4, -1) @ v", {"mask": "none", "scale": 0.25}),
     ("s = (q @ k.transpose(-2, -1)).masked_fill(mask > 1.0, -1e4) * 0.5\n        return torch.matmul("
      "torch.softmax(s, dim=-1), v)", {"mask": "fill", "scale": 0.5, "fill": -5e3}),
 ])

@@ -371,7 +371,8 @@ class Classifier:
         return t
 
     def _transposed(self, ref) -> NodeRef | None:
-        """X when `ref` is X with its last two dims swapped (X.transpose(-2, -1), X.t(), X.mT)."""
+        """X when `ref` is X with its last two dims swapped (X.transpose(-2, -1), X.t(), X.mT,
+        X.permute(0, 1, 3, 2))."""
         if not isinstance(ref, NodeRef):
             return None
         n = self.g.by_name[ref.name]
@@ -385,6 +386,11 @@ class Classifier:
                 n["op"] == "call_function" and n["target"] == q(torch.transpose)):
             dims = {d % nd for d in args[1:3]} if len(args) >= 3 and all(isinstance(d, int) for d in args[1:3]) else set()
             return src if nd >= 2 and dims == {nd - 2, nd - 1} else None
+        if (n["op"] == "call_method" and n["target"] == "permute") or (
+                n["op"] == "call_function" and n["target"] == q(torch.permute)):
+            dims = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
+            swap = list(range(nd - 2)) + [nd - 1, nd - 2]
+            return src if nd >= 2 and [d % nd if isinstance(d, int) else d for d in dims] == swap else None
         if (n["op"] == "call_method" and n["target"] == "t") or (n["op"] == "call_function" and n["target"] == q(torch.t)):
             return src if nd == 2 else None
         if n["op"] == "call_function" and n["target"] == "getattr" and len(args) == 2 and args[1] in ("T", "mT"):
