@@ -185,3 +185,21 @@ def test_roofline_estimate_knows_the_attention_loop_and_tensor_cores():
     spec = attention_spec((16, 16, 4096, 64), (16, 16, 4096, 64), (16, 16, 4096, 64), dtype="float16", mask="causal")
     est = estimate_time(spec, ATTN.default_config(spec, H200), H200)
     assert est["feasible"] and est["ideal_ms"] <= est["ms"] < 3 * est["ideal_ms"]   # tensor-core peak, S / BLOCK_N steps
+
+
+@pytest.mark.parametrize("mask", ["keep", "fill"])
+def test_a_row_masked_wholly_gives_what_its_pytorch_form_gives(mask):
+    """SDPA's boolean mask: 0 for a query that sees no key; masked_fill + softmax: NaN."""
+    import torch
+    spec = attention_spec((1, 1, 3, 16), (1, 1, 5, 16), (1, 1, 5, 16), mask=mask, mask_shape=(3, 5))
+    ns = {}
+    exec(ATTN.render(spec, {**ATTN.default_config(spec, H200), **SMALL}), ns)
+    keep = torch.tensor([[True] * 5, [False] * 5, [True, False] * 2 + [True]])
+    q, k, v = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 5, 16), torch.randn(1, 1, 5, 16)
+    out = torch.empty(1, 1, 3, 16)
+    ns["launch"](q, k, v, keep if mask == "keep" else ~keep, out=out)
+    ref = {}
+    exec(ATTN.reference_source(spec), {"torch": torch, "math": __import__("math")}, ref)
+    want = ref["reference"](q, k, v, keep if mask == "keep" else ~keep)
+    torch.testing.assert_close(out, want, equal_nan=True, atol=1e-5, rtol=1e-5)
+    assert bool(out[0, 0, 1].isnan().all()) == (mask == "fill")

@@ -148,12 +148,14 @@ class AttentionFamily(Family):
         scale = repr(self.scale(spec))
         # PyTorch's own SDPA where it states the op (the eager and compiled baselines run it);
         # a masked_fill with a finite value has no SDPA form and is written out
-        if m == "fill" and p["fill"] != float("-inf"):
+        # a masked_fill is the hand-written form: softmax over a row masked wholly is NaN there,
+        # where SDPA gives 0; each reference says what its own form does
+        if m == "fill":
             body = ["s = torch.matmul(q, k.transpose(-2, -1)) * " + scale,
                     f"s = s.masked_fill(mask, {_num(p['fill'])})",
                     "return torch.matmul(torch.softmax(s, dim=-1), v)"]
         else:
-            mask = {"none": "None", "causal": "None", "add": "mask", "keep": "mask", "fill": "~mask"}[m]
+            mask = {"none": "None", "causal": "None", "add": "mask", "keep": "mask"}[m]
             body = [f"return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask={mask}, "
                     f"is_causal={m == 'causal'}, scale={scale})"]
         reference = [signature("reference", args), *indent(body)]
@@ -383,7 +385,8 @@ class AttentionFamily(Family):
             "    acc, m_i, l_i = " + call.format("False"),
             "for start_n in range(lo, hi, BLOCK_N):",
             "    acc, m_i, l_i = " + call.format("True"),
-            "out = acc / l_i[:, None]",
+            *(["out = acc / l_i[:, None]  # a row masked wholly: NaN, as softmax of -inf gives"] if m == "fill" else
+              ["out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)  # a row masked wholly: 0, as SDPA gives"]),
             "o_ptrs = out_ptr + b * so_b + h * so_h + offs_m[:, None] * so_l + offs_d[None, :] * so_e",
             "tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])",
         ]
