@@ -242,9 +242,9 @@ def patterns(p) -> None:
 
 # -- building the group -----------------------------------------------------------------------------
 
-def build(p, name: str, a: Anchor, builder) -> None:
+def build(p, name: str, a: Anchor, builder=None) -> None:
     """The attention group around anchor `a` (a Partitioner's method in all but name; `builder`
-    its group builder class)."""
+    its group builder class, or None where the partitioner makes builders, p.builder)."""
     refs = [a.x, *a.vectors]
     try:
         dtype = _operands(Classifier(p.g), refs[:3], ("the query", "the key", "the value"))
@@ -264,7 +264,7 @@ def build(p, name: str, a: Anchor, builder) -> None:
     if mask == "add" and p.g.tensor(refs[3])[1] != dtype:
         p.why[name] = "the additive mask's dtype differs from q's"
         return
-    b = builder(p.g, a.x, dtype)
+    b = builder(p.g, a.x, dtype) if builder else p.builder(a.x, dtype)
     b.inputs += [{"arg": b.arg(r), "view": "as_is"} for r in refs]   # read in place, through strides
     for ref, value in guards:
         b.guard(ref, value)

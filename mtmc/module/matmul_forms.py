@@ -99,8 +99,9 @@ def patterns(p) -> None:
         p.sem.pop((a.x if v is not None else a.b).name, None)
 
 
-def build(p, name: str, a: Anchor, builder) -> None:
-    """The group of a "matmul_form" anchor (a Partitioner's method in all but name)."""
+def build(p, name: str, a: Anchor, builder=None) -> None:
+    """The group of a "matmul_form" anchor (a Partitioner's method in all but name; `builder` its
+    group builder class, or None where the partitioner makes builders, p.builder)."""
     (_matvec_group if a.op == "matvec" else _rowscale_group)(p, name, a, builder)
 
 
@@ -112,7 +113,7 @@ def _matvec_group(p, name: str, a: Anchor, builder) -> None:
     if p.g.tensor(a.vectors[0]) != ([k], dtype):
         p.why[name] = f"the vector is not a [{k}] {dtype} vector"
         return
-    b = builder(p.g, a.x, dtype)
+    b = builder(p.g, a.x, dtype) if builder else p.builder(a.x, dtype)
     b.inputs += [{"arg": 0, "view": "rows", "contiguous": True}, {"arg": b.arg(a.vectors[0]), "view": "periodic"}]
     b.nodes.append(name)
     p._finish("reduction", "sum", {"M": math.prod(shape[:-1]), "N": k}, {"prologue": [{"op": "mul", "every": 1, "period": k}]}, b,
@@ -127,7 +128,7 @@ def _rowscale_group(p, name: str, a: Anchor, builder) -> None:
     if p.g.tensor(v) != ([shape[0]], dtype):
         p.why[name] = f"diag's vector is not a [{shape[0]}] {dtype} vector"
         return
-    b = builder(p.g, a.x, dtype)
+    b = builder(p.g, a.x, dtype) if builder else p.builder(a.x, dtype)
     b.inputs += [{"arg": 0, "view": "rows"}, {"arg": b.arg(v), "view": "periodic"}]
     b.nodes += [name, *a.covers]
     more, last = p._extend(name, b, shape, {"view": "like", "of": "main"}, vector_ok=True)
