@@ -85,3 +85,13 @@ NORM_TASKS = [
     "l1 normalize the rows of a 32768x65535 fp32 tensor",
     "layernorm on 16 rows of width 4194304 in fp32",
 ]
+
+# Attention (one flash kernel per request): each fills an H200 with >= 1024 query tiles
+ATTENTION_TASKS = [
+    "causal flash attention, batch 16, 16 heads, sequence length 4096, head dim 64, fp16",
+    "flash attention, batch 8, 32 heads, sequence length 2048, head dim 128, bf16",
+    "multi-head attention with 12 heads over 32x1024x768 fp16 activations, causal",
+    "sdpa with an additive mask, q 8x16x1024x128 and k/v 8x16x4096x128 in bf16",
+    "flash attention 16x16x2048x64 fp16 with a boolean mask",
+    "scaled dot product attention on q, k, v of shape 32x32x512x64 in fp32",
+]

@@ -214,7 +214,8 @@ def test_common_ops_are_captured_and_partitioned(tmp_path):
 @pytest.mark.parametrize("equation, layout", [
     ("bijl,lk->bijk", "kn"), ("ij,kj->ik", "nk"), ("bij,bjk->bik", "kn"), ("bhcl,bhld->bhcd", "kn"),
     ("bij, bkj -> bik", "nk"), ("ij,jk->ki", None), ("ii,ij->ij", None), ("...j,jk->...k", None),
-    ("bij,cjk->bik", None), ("ij,jk->ijk", None), ("bij,bjk->ik", None), ("ij,jk,kl->il", None)])
+    ("bij,cjk->bik", None), ("ij,jk->ijk", None), ("bij,bjk->ik", None), ("ij,jk,kl->il", None),
+    ("ij,jk", "kn"), ("ik,jk", "nk"), ("ji,jk", None)])   # implicit output: the letters seen once, sorted
 def test_einsums_that_are_matmuls(equation, layout):
     assert einsum_b_layout(equation) == layout
 

@@ -279,13 +279,12 @@ def test_conv_takes_its_tail_as_its_epilogue():
 def test_attention_block_groups():
     groups = groups_of("attention_block.py")
     assert [(g.family, g.spec["op"]) for g in groups] == [
-        ("matmul", "matmul"), ("matmul", "bmm"), ("softmax", "softmax"), ("matmul", "bmm"), ("matmul", "matmul")]
-    qk = groups[1]
-    assert qk.spec["params"]["b_layout"] == "nk"  # k.transpose(-2, -1) read through strides
-    assert qk.spec["dims"] == {"B": 8, "M": 8, "N": 8, "K": 8}
+        ("matmul", "matmul"), ("attention", "sdpa"), ("matmul", "matmul")]
+    att = groups[1]   # q @ k^T / sqrt(d), softmax, @ v: one flash-attention kernel
+    assert att.spec["dims"] == {"B": 2, "H": 4, "L": 8, "S": 8, "E": 8, "EV": 8}
     # / sqrt(head dim) is computed from a size: baked in, and guarded in the wrapper
-    assert qk.spec["params"]["epilogue"] == [{"op": "scale", "value": 1 / math.sqrt(8)}]
-    assert qk.guards == [{"arg": 2, "value": math.sqrt(8)}]
+    assert att.spec["params"]["scale"] == 1 / math.sqrt(8)
+    assert att.guards == [{"arg": 3, "value": math.sqrt(8)}]
     assert chain_ops(groups[-1].spec["params"]["epilogue"]) == ["bias", "add"]
 
 

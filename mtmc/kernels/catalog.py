@@ -1,13 +1,13 @@
 """The op catalog: every family the product can write kernels for."""
 from __future__ import annotations
 
-from mtmc.kernels.families import conv, elementwise, loss, matmul, norm, pool, reduction, scan, softmax
+from mtmc.kernels.families import attention, conv, elementwise, loss, matmul, norm, pool, reduction, scan, softmax
 from mtmc.kernels.family import Family
 from mtmc.kernels.spec import KernelSpec
 
 _FAMILIES: dict[str, Family] = {f.name: f for f in (elementwise.FAMILY, reduction.FAMILY, softmax.FAMILY,
                                                     norm.FAMILY, matmul.FAMILY, conv.FAMILY,
-                                                    pool.FAMILY, scan.FAMILY, loss.FAMILY)}
+                                                    pool.FAMILY, scan.FAMILY, loss.FAMILY, attention.FAMILY)}
 
 
 def families() -> dict[str, Family]:

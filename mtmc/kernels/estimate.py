@@ -22,7 +22,9 @@ Knobs read from the config (missing ones take Triton's defaults): BLOCK_M, BLOCK
 GROUP_M, SPLIT_K, BLOCK (elementwise), ROWS_PER_PROG and BLOCK_N (row ops), num_warps,
 num_stages, PERSISTENT.  A conv is modelled as the implicit GEMM its family's `gemm_dims`
 gives.  A family may sharpen the estimate with optional methods
-`programs(spec, config) -> int` and `traffic(spec, config) -> float` (bytes actually moved).
+`programs(spec, config) -> int`, `traffic(spec, config) -> float` (bytes actually moved) and
+`steps(spec, config) -> int` (loop iterations per program), and `tensor_core = True` (its flops
+run on tensor cores, as attention's do).
 """
 from __future__ import annotations
 
@@ -63,8 +65,9 @@ def _numel(spec: KernelSpec, arg) -> int:
 
 def roofline(spec: KernelSpec, profile: HardwareProfile) -> dict:
     """The least time any kernel needs on `profile`, and which resource bounds it."""
-    flops, nbytes = family_of(spec).work(spec)
-    tensor_core = _is_matmul(spec) and spec.dtype in ("float16", "bfloat16")
+    family = family_of(spec)
+    flops, nbytes = family.work(spec)
+    tensor_core = (_is_matmul(spec) or getattr(family, "tensor_core", False)) and spec.dtype in ("float16", "bfloat16")
     peak = profile.peak_tflops(spec.dtype, tensor_core) * 1e12
     bw = profile.bandwidth_gbs * 1e9
     memory_s, compute_s = nbytes / bw, flops / peak
@@ -104,6 +107,9 @@ class _Shape:
         hook = getattr(family, "programs", None)
         if callable(hook):
             self.programs = int(hook(spec, config))
+        hook = getattr(family, "steps", None)   # loop iterations of one program, where the family knows
+        if callable(hook):
+            self.steps, self.loops = int(hook(spec, config)), True
 
     def _matmul(self):
         gemm = getattr(self.family, "gemm_dims", None)

@@ -29,7 +29,8 @@ class TensorArg:
 
     shape: dim names of spec.dims (or ints). dtype: None means the spec's dtype.
     init:  how fresh random inputs are drawn: "randn" (normal), "uniform" (U(-1, 1)),
-           "positive" (U(0.5, 1.5), e.g. norm weights).
+           "positive" (U(0.5, 1.5), e.g. norm weights), "mask" (True with probability 1/2,
+           for boolean masks).
     groups: a "NAME/G" entry of shape is NAME's size over this many groups (a grouped conv's weight).
     """
 

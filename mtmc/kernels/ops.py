@@ -12,6 +12,7 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "softmax": ("softmax", "log_softmax"),
     "norm": ("layernorm", "rmsnorm", "l2norm", "l1norm", "frobenius", "batchnorm", "groupnorm", "instancenorm"),
     "matmul": ("matmul", "bmm"),
+    "attention": ("sdpa",),
     "conv": ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
     "pool": tuple(f"{kind}_pool{r}d" for kind in ("max", "avg", "adaptive_max", "adaptive_avg") for r in (1, 2, 3)),
     "scan": ("cumsum", "cumprod"),

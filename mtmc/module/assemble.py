@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import family_of
+from mtmc.module import attention_fusion
 from mtmc.module.conv_fusion import out_shape_source
 from mtmc.module.pool_fusion import out_shape_source as pool_out_shape_source
 from mtmc.kernels.spec import KernelSpec
@@ -181,6 +182,8 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
         body += [f"shape = {out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
     elif kind == "pool":
         body += [f"shape = {pool_out_shape_source(group.out, 'k0')}", f"out = torch.empty(shape, {alloc})"]
+    elif kind == "attention":
+        body += attention_fusion.out_lines(group.out, alloc)
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late

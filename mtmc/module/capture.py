@@ -228,17 +228,24 @@ def run_recording_calls(model, inputs, path: str):
 
 # -- tracing ----------------------------------------------------------------------------------
 
-def _tracer(leaves: set[str]):
+def _tracer(leaves: set[str], expand: frozenset = frozenset()):
     import torch.fx as fx
 
+    from mtmc.module.attention_capture import expanded_forward
+
     class Tracer(fx.Tracer):
-        """fx's tracer that keeps `leaves` opaque and tags a failure with the innermost
+        """fx's tracer that keeps `leaves` opaque, traces the MultiheadAttention calls in
+        `expand` as their parts (module.attention_capture), and tags a failure with the innermost
         submodule whose forward raised it."""
 
         def is_leaf_module(self, m, qualname):
+            if qualname in expand:
+                return False
             return qualname in leaves or super().is_leaf_module(m, qualname)
 
         def call_module(self, m, forward, args, kwargs):
+            if expand and self.path_of_module(m) in expand:
+                forward = expanded_forward(m)
             try:
                 return super().call_module(m, forward, args, kwargs)
             except Exception as e:
@@ -318,6 +325,7 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     import torch.fx as fx
     from torch.fx.passes.shape_prop import ShapeProp
 
+    from mtmc.module import attention_capture
     from mtmc.module.fxjson import Unreproducible, describe_value, encode_node
 
     args, defaults = _call_args(mod, call)
@@ -341,19 +349,29 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
             line = _line_of(n.stack_trace, path)
             raise Untraceable(f"{os.path.basename(path)} line {line}" if line else "",
                               "the forward builds a tensor constant while it runs")
-    gm = fx.GraphModule(mod, graph)
-    values: dict[str, dict] = {}
+    def shapes(graph) -> dict[str, dict]:
+        values: dict[str, dict] = {}
 
-    class Recorder(ShapeProp):
-        def run_node(self, n):
-            # keep only what each node produced in words (shape, dtype, small values): holding
-            # every intermediate tensor ran a full-size module out of memory in the capture child
-            result = super().run_node(n)
-            values[n.name] = describe_value(result)
-            return result
+        class Recorder(ShapeProp):
+            def run_node(self, n):
+                # keep only what each node produced in words (shape, dtype, small values): holding
+                # every intermediate tensor ran a full-size module out of memory in the capture child
+                result = super().run_node(n)
+                values[n.name] = describe_value(result)
+                return result
 
-    with torch.no_grad():
-        Recorder(gm).propagate(*args)
+        with torch.no_grad():
+            Recorder(fx.GraphModule(mod, graph)).propagate(*args)
+        return values
+
+    values = shapes(graph)
+    expand = attention_capture.expandable(graph, mod, values)
+    if expand:   # nn.MultiheadAttention calls traced again as their parts; kept whole if that fails
+        try:
+            expanded, _ = _trace_keeping_state(_tracer(set(leaves), frozenset(expand)), mod, defaults)
+            graph, values = expanded, shapes(expanded)
+        except Exception:
+            pass
     nodes, modules, line_of = [], {}, {}
     for n in graph.nodes:
         try:

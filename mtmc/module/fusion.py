@@ -10,6 +10,8 @@ Groups, found in graph order:
     residual);
   * convolutions (nn.Conv*d, nn.ConvTranspose*d, F.conv*), with their bias and the pointwise
     tail that follows, per-channel operands read as vectors (module.conv_fusion);
+  * attention (F.scaled_dot_product_attention, the hand-written softmax(q @ k^T * s) @ v;
+    module.attention_fusion);
   * reductions, softmax and norms (LayerNorm, RMSNorm, a hand-written RMSNorm) with the
     pointwise prologue that feeds them and, for softmax and norms, the epilogue after them;
   * chains of the remaining pointwise ops.
@@ -30,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from mtmc.kernels import pointwise
-from mtmc.module import conv_fusion, identities, loss_fusion, norm_fusion, pointwise_fusion, pool_fusion, scan_fusion
+from mtmc.module import (attention_fusion, conv_fusion, identities, loss_fusion, matmul_forms, norm_fusion,
+                         pointwise_fusion, pool_fusion, scan_fusion)
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -119,7 +122,9 @@ class _Builder:
 
 # modules classifying and building more anchors: convolutions, pooling, scans, losses
 PLUGIN_FAMILIES = {conv_fusion: ("conv",), norm_fusion: ("norm",), pool_fusion: ("pool",), scan_fusion: ("scan",),
-                   loss_fusion: ("loss",)}
+                   loss_fusion: ("loss",),
+                   # attention's patterns (softmax(q @ k^T * s) @ v written out) before matmul_forms'
+                   attention_fusion: ("attention",), matmul_forms: ("matmul_form",)}
 PLUGINS = tuple(PLUGIN_FAMILIES)
 _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 

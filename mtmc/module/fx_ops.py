@@ -164,8 +164,10 @@ def einsum_b_layout(equation: str) -> str | None:
     """"kn" or "nk" when an einsum of two operands a, b is a matmul a @ b (or a @ b^T): a's last
     letter k is contracted with one of b's last two, b's other last letter n ends the output,
     and a's other letters lead it: 'bijl,lk->bijk', 'ij,kj->ik'; for a batched b ('bij,bjk->bik')
-    its leading letters are a's own.  None for any other equation."""
+    its leading letters are a's own; 'ij,jk' (no output) means 'ij,jk->ik'.  None for any other equation."""
     eq = equation.replace(" ", "")
+    if "->" not in eq and eq.count(",") == 1:   # implicit output: the letters seen once, sorted
+        eq += "->" + "".join(sorted(ch for ch in set(eq) if ch.isalpha() and eq.count(ch) == 1))
     if "." in eq or eq.count("->") != 1 or eq.count(",") != 1:
         return None
     (ea, eb), out = eq.split("->")[0].split(","), eq.split("->")[1]
@@ -392,7 +394,8 @@ class Classifier:
         return t
 
     def _transposed(self, ref) -> NodeRef | None:
-        """X when `ref` is X with its last two dims swapped (X.transpose(-2, -1), X.t(), X.mT)."""
+        """X when `ref` is X with its last two dims swapped (X.transpose(-2, -1), X.t(), X.mT,
+        X.permute(0, 1, 3, 2))."""
         if not isinstance(ref, NodeRef):
             return None
         n = self.g.by_name[ref.name]
@@ -406,6 +409,11 @@ class Classifier:
                 n["op"] == "call_function" and n["target"] == q(torch.transpose)):
             dims = {d % nd for d in args[1:3]} if len(args) >= 3 and all(isinstance(d, int) for d in args[1:3]) else set()
             return src if nd >= 2 and dims == {nd - 2, nd - 1} else None
+        if (n["op"] == "call_method" and n["target"] == "permute") or (
+                n["op"] == "call_function" and n["target"] == q(torch.permute)):
+            dims = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
+            swap = list(range(nd - 2)) + [nd - 1, nd - 2]
+            return src if nd >= 2 and [d % nd if isinstance(d, int) else d for d in dims] == swap else None
         if (n["op"] == "call_method" and n["target"] == "t") or (n["op"] == "call_function" and n["target"] == q(torch.t)):
             return src if nd == 2 else None
         if n["op"] == "call_function" and n["target"] == "getattr" and len(args) == 2 and args[1] in ("T", "mT"):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from mtmc.kernels import pointwise
 from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
+from mtmc.request.attention_words import build_attention, read_attention
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
 from mtmc.request.extras_words import extras_builder, read_extras
@@ -85,6 +86,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     read_pointred(ctx)   # activations with their parameters, logsumexp / prod, lists of dims
     read_scanloss(ctx)   # a scan's or a loss's own words (reverse, reduction, margin ...)
     read_extras(ctx)   # 'along the channel dim'
+    read_attention(ctx)   # attention's own words (causal, heads, head dim ...)
     _read_sizes(ctx)
     _read_formulas(ctx)
     _read_words(ctx)
@@ -93,7 +95,8 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_clauses(ctx)
     family, op = _decide(ctx)
     ctx.understood.update(family=family, op=op)
-    build = {"conv": build_conv, "pool": build_pool, "scan": build_scanloss, "loss": build_scanloss}.get(family) \
+    build = {"conv": build_conv, "pool": build_pool, "scan": build_scanloss, "loss": build_scanloss,
+             "attention": build_attention}.get(family) \
         or (build_norm if family == "norm" and op in NORM_WORD_OPS else _BUILDERS[family])
     if family == "reduction" and reduces_other_dims(ctx):
         build = build_reduction
@@ -114,7 +117,8 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "normalization; matmul, batched matmul and linear layers with a fused "
                  "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "
                  "max, average and adaptive pooling (1d/2d/3d) with a fused epilogue. "
-                 "scans (cumsum, cumprod); losses (mse, huber, kl_div, cross_entropy, triplet, cosine ...). "
+                 "scans (cumsum, cumprod); losses (mse, huber, kl_div, cross_entropy, triplet, cosine ...); "
+                 "attention (scaled dot-product, causal or masked). "
                  "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
 
 
@@ -183,6 +187,9 @@ EXAMPLES = {
              "masked cumsum of a 32768x32768 float32 tensor"],
     "loss": ["cross entropy loss of 32768x4096 logits", "triplet margin loss with margin 0.5 on 32768x8192 embeddings",
              "huber loss delta 0.5, sum reduction, 8192x8192 fp16"],
+    "attention": ["causal flash attention, batch 8, 16 heads, sequence length 2048, head dim 64, fp16",
+                  "scaled dot product attention on q, k, v of shape 32x32x512x64 in bf16",
+                  "multi-head attention with 12 heads over 4x1024x768 fp16 activations, causal"],
 }
 
 
@@ -211,6 +218,8 @@ def supported_summary() -> str:
              "- scans along the last dim: " + ", ".join(FAMILY_OPS["scan"]) + " (reverse, exclusive, masked).",
              "- losses: " + ", ".join(FAMILY_OPS["loss"]) + " (total: the mean of a hinge); reduction mean, sum, none "
              "(batchmean for kl_div), with margin, delta, beta, p, ignore index.",
+             "- attention (sdpa: scaled dot-product, one flash kernel): q as B x H x L x E or batch, heads, sequence "
+             "length and head dim in words; causal, an additive or a boolean mask, a scale; k/v of another length.",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "
              "4096', M=4096 N=4096 K=1024; 4k means 4096. Dtypes: float32 (default), float16, bfloat16.",
              "Row ops work along the last dim only (over each row).",

@@ -68,6 +68,8 @@ def random_tensor(shape, dtype: str, init: str, generator, device="cpu"):
         t = torch.rand(shape, generator=generator, dtype=torch.float32, device=device).mul_(2).sub_(1)
     elif init == "positive":
         t = torch.rand(shape, generator=generator, dtype=torch.float32, device=device).add_(0.5)
+    elif init == "mask":   # a boolean mask, True or False as often (a row of 16+ rarely all one)
+        t = torch.rand(shape, generator=generator, dtype=torch.float32, device=device).lt_(0.5)
     else:
         raise ValueError(f"unknown init {init!r}")
     return t.to(getattr(torch, dtype))

@@ -1,0 +1,59 @@
+"""More spellings of matrix products in uploaded modules: einsum with an implicit output,
+tensordot, diag(v) @ B / B @ diag(v) as row / column scalings (no [N, N] matrix), and
+matrix-vector products as row reductions sum(A * v) (one pass over A), each
+checked as ModelNew against Model in the interpreter; tensordot forms that are not a matmul
+stay PyTorch with the reason."""
+from __future__ import annotations
+
+import pytest
+from test_module_conv import assert_model_new_matches, captured_source
+
+FORM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, A, B):
+        return {expr}
+
+
+def get_inputs():
+    return [torch.randn({a}), torch.randn({b})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("expr, a, b, groups", [
+    ("torch.einsum('ij,jk', A, B)", "16, 24", "24, 20", [("matmul", "matmul", "kn")]),
+    ("torch.tensordot(A, B, dims=([1], [0]))", "16, 24", "24, 20", [("matmul", "matmul", "kn")]),
+    ("torch.tensordot(A, B, dims=1)", "2, 8, 24", "24, 20", [("matmul", "matmul", "kn")]),
+    ("torch.tensordot(A, B, dims=([-1], [1]))", "16, 24", "20, 24", [("matmul", "matmul", "nk")]),
+    ("torch.relu(torch.diag(A) @ B)", "16", "16, 20", [("elementwise", "chain", None)]),
+    ("B @ torch.diag(A)", "20", "16, 20", [("elementwise", "chain", None)]),
+    ("B @ A", "24", "16, 24", [("reduction", "sum", None)]),
+    ("torch.mv(B, A) * 2.0", "24", "16, 24", [("reduction", "sum", None), ("elementwise", "chain", None)]),
+    ("torch.matmul(B, A)", "24", "2, 3, 24", [("reduction", "sum", None)]),
+])
+def test_matmul_spellings_become_kernels(expr, a, b, groups, tmp_path):
+    source = FORM.format(expr=expr, a=a, b=b)
+    cap, part = captured_source(tmp_path, source)
+    assert [(g.family, g.spec["op"], g.spec["params"].get("b_layout")) for g in part.groups] == groups
+    assert part.torch_ops == []   # diag's [N, N] matrix is never made
+    assert_model_new_matches(tmp_path, source, cap, part)
+
+
+def test_diag_matmul_is_a_row_scaling_read_in_place(tmp_path):
+    _, part = captured_source(tmp_path, FORM.format(expr="torch.diag(A) @ B", a="16", b="16, 20"))
+    (g,) = part.groups
+    assert g.spec["params"]["chain"] == [{"op": "mul", "every": 20, "period": 16}]
+    assert [i["view"] for i in g.inputs] == ["rows", "periodic"]
+
+
+def test_tensordot_that_is_not_a_matmul_stays_pytorch(tmp_path):
+    _, part = captured_source(tmp_path, FORM.format(expr="torch.tensordot(A, B, dims=([0], [0]))",
+                                                   a="24, 16", b="24, 20"))
+    assert part.groups == [] and "contracts a dim other than a's last" in part.torch_ops[0]["why"]
