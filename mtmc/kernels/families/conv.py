@@ -178,7 +178,8 @@ class ConvFamily(Family):
         args = [TensorArg("x", ("N", "C_in", *SPATIAL[r])), TensorArg("w", w, groups=g)]
         epi = self.epilogue(spec)
         for i, name, _ in operand_steps(epi):
-            args.append(TensorArg(name, ("C_out",) if is_channel_step(epi[i]) else ("N", "C_out", *out_names(spec.op))))
+            args.append(TensorArg(name, ("C_out",) if is_channel_step(epi[i]) else ("N", "C_out", *out_names(spec.op)),
+                                  **pointwise.operand_arg(epi[i])))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:
