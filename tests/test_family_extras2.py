@@ -1,14 +1,17 @@
 """where / masked_fill / select steps and operands transformed before their binop ("pre"), in
 elementwise chains and in matmul and row-wise epilogues: kernels against PyTorch in the interpreter
-(float64 truth, fp32 at 1e-4), fp16/bf16; refusals; the default configs compile for sm_90."""
+(float64 truth, fp32 at 1e-4), fp16/bf16; refusals; the default configs compile for sm_90.  And
+argmax / argmin of all elements split over the GPU, ties resolved as torch does."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mtmc.kernels import pointwise
-from mtmc.kernels.families import elementwise, matmul, softmax
+from mtmc.kernels.families import elementwise, matmul, reduction, softmax
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import PROFILES
+from mtmc.tools.loader import load_source
 from tests.test_family_conv import compile_defaults
 from tests.test_family_rows import assert_correct
 
@@ -85,3 +88,34 @@ def test_default_configs_compile_for_sm90():
         (kernel,) = report["kernels"]
         assert kernel["error"] is None, f"{name}: {kernel['error']}"
         assert report["violations"] == [] and kernel["spill_bytes"] == 0, name
+
+
+# -- argmax / argmin over all elements, split over the GPU -------------------------------------------
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_split_argmax_over_one_long_row(op, dtype):
+    spec = KernelSpec("reduction", op, {"M": 1, "N": 1 << 24}, dtype, {})
+    reduction.FAMILY.validate(spec)
+    cfg = reduction.FAMILY.default_config(spec, H200)
+    assert cfg["SPLIT"] >= 256   # enough programs for 132 SMs, not one
+    assert_correct(reduction.FAMILY, spec, cfg, reduction.FAMILY.check_dims(spec, cfg))
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_split_argmax_ties_pick_the_first_extreme_as_torch(op):
+    spec = KernelSpec("reduction", op, {"M": 3, "N": 500}, "float32", {"prologue": [{"op": "abs"}]})
+    cfg = {**reduction.FAMILY.default_config(spec, H200), "BLOCK_N": 32, "SPLIT": 4}
+    assert_correct(reduction.FAMILY, spec, cfg)
+    launch = load_source(reduction.FAMILY.render(spec, cfg), "split_arg").launch
+    x = torch.randint(-3, 4, (3, 500)).float()   # many ties, across segments
+    out = torch.empty(3, dtype=torch.int64)
+    launch(x, out=out)
+    assert torch.equal(out, getattr(torch, op)(x.abs(), dim=-1))
+
+
+def test_split_argmax_default_compiles_for_sm90():
+    specs = {f"{op} {dt}": KernelSpec("reduction", op, {"M": 1, "N": 1 << 28}, dt, {}).to_dict()
+             for op in ("argmax", "argmin") for dt in ("float32", "bfloat16")}
+    for name, report in compile_defaults(specs, "reduction").items():
+        assert all(k["error"] is None and k["spill_bytes"] == 0 for k in report["kernels"]), name
+        assert report["violations"] == [], name

@@ -8,6 +8,10 @@ with "every" and "period" in the step, a broadcast ("periodic") operand of `peri
 element i of x (row-major over the whole tensor) meets operand[(i // every) % period].  That is
 how a [C, 1, 1] bias or an [S, S] mask broadcasts over a larger tensor, read in place instead
 of expanded to full size.
+A two-operand step may carry "pre", one-input steps applied to its operand as it is loaded
+(relu(x) + relu(y) is [relu, add with pre [relu]]: one kernel for a formula of two tensors).
+Mask steps (masked_fill, masked_keep) read a bool operand; a select step is torch.where of a
+comparison of one value with a number, each branch a number or steps of that value.
 
 Two more kinds of step: "fork" ({"op": "fork", "binop": "mul", "left": [...], "right": [...]})
 is binop(left(x), right(x)) for a formula that reads x twice (x * clamp(x + 3, 0, 6) / 6); and

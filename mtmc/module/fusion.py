@@ -236,6 +236,8 @@ class Partitioner:
         if oshape != full_shape:
             # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
             pattern = _periodic_pattern(oshape, full_shape) if operand_view.get("of") == "main" else None
+            if pattern is None and masked:   # a broadcast mask is read in place by the next group instead
+                return None
             if pattern is None:
                 b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
                                "for the kernel (a copy)")
