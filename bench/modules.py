@@ -46,6 +46,8 @@ FULL_SIZE = {
     "gemm_swish_scale.py": {"batch_size": 8192, "in_features": 4096, "out_features": 4096},
     "layernorm_noweight.py": {"batch": 16, "seq": 512, "hidden": 4096},
     "softmax_dims.py": {"B": 32, "C": 64, "H": 128, "W": 128, "L": 16384},
+    "where_forms.py": {"shape": (16, 2048, 2048)},
+    "conv_padding_modes.py": {"batch": 16, "size": 224, "length": 65536},
 }
 
 

@@ -13,13 +13,13 @@ import sys
 import time
 
 from bench.record import Results, run_meta
-from bench.tasks import (ATTENTION_TASKS, EXTRAS_TASKS, NORM_TASKS, POINTRED_TASKS, POOLING_TASKS, SCANLOSS_TASKS,
-                         SPINE_TASKS)
+from bench.tasks import (ATTENTION_TASKS, EXTRAS2_TASKS, EXTRAS_TASKS, NORM_TASKS, POINTRED_TASKS, POOLING_TASKS,
+                         SCANLOSS_TASKS, SPINE_TASKS)
 from mtmc.agents.context import Context
 from mtmc.agents.runner import run_request, summary_json
 
 TASKS = {"spine": SPINE_TASKS, "pooling": POOLING_TASKS, "pointred": POINTRED_TASKS, "scanloss": SCANLOSS_TASKS,
-         "extras": EXTRAS_TASKS, "norm": NORM_TASKS, "attention": ATTENTION_TASKS}
+         "extras": EXTRAS_TASKS, "norm": NORM_TASKS, "attention": ATTENTION_TASKS, "extras2": EXTRAS2_TASKS}
 
 
 def run_tasks(requests: list[str], ctx: Context, save=lambda rows: None) -> list[dict]:

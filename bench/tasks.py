@@ -95,3 +95,14 @@ ATTENTION_TASKS = [
     "flash attention 16x16x2048x64 fp16 with a boolean mask",
     "scaled dot product attention on q, k, v of shape 32x32x512x64 in fp32",
 ]
+
+# Two-tensor formulas as one kernel, and convs with reflect / replicate / circular padding served by
+# the conv gather (no padded copy): plain words at sizes that fill an H200.
+EXTRAS2_TASKS = [
+    "relu(x) + relu(y) on two 8192x8192 fp16 tensors",
+    "x * sigmoid(y) on 16384x8192 bf16 tensors",
+    "abs(x - y) * z on 8192x8192 fp32 tensors",
+    "conv2d 3x3 reflect padding 1 on 16x64x224x224 fp16 with 64 output channels",
+    "conv1d kernel 5 padding 2 padding_mode='circular' on 32x64x65536 bf16 with 64 output channels",
+    "replicate-padded 3x3 conv, padding 1, on 16x128x112x112 bf16 with 128 output channels, then relu",
+]

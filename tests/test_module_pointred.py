@@ -92,7 +92,8 @@ def get_init_inputs():
 
 def test_divisions_and_math_functions_fuse_and_match(tmp_path):
     cap, part = captured_source(tmp_path, TWO_TENSORS)
-    steps = [s["op"] for g in part.groups for s in g.spec["params"]["chain"]]
+    chain = [s for g in part.groups for s in g.spec["params"]["chain"]]
+    steps = [s["op"] for s in chain + [p for s in chain for p in s.get("pre", [])]]   # an operand's own steps too
     for op in ("hardsigmoid", "div", "reciprocal", "log_sigmoid", "sqrt", "rsqrt", "sign"):
         assert op in steps, (op, steps)
     assert_model_new_matches(tmp_path, TWO_TENSORS, cap, part)

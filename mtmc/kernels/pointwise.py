@@ -8,6 +8,10 @@ with "every" and "period" in the step, a broadcast ("periodic") operand of `peri
 element i of x (row-major over the whole tensor) meets operand[(i // every) % period].  That is
 how a [C, 1, 1] bias or an [S, S] mask broadcasts over a larger tensor, read in place instead
 of expanded to full size.
+A two-operand step may carry "pre", one-input steps applied to its operand as it is loaded
+(relu(x) + relu(y) is [relu, add with pre [relu]]: one kernel for a formula of two tensors).
+Mask steps (masked_fill, masked_keep) read a bool operand; a select step is torch.where of a
+comparison of one value with a number, each branch a number or steps of that value.
 
 Two more kinds of step: "fork" ({"op": "fork", "binop": "mul", "left": [...], "right": [...]})
 is binop(left(x), right(x)) for a formula that reads x twice (x * clamp(x + 3, 0, 6) / 6); and
@@ -18,6 +22,8 @@ exp and arithmetic alone (_log1p_exp_neg, _expm1), accurate to ~1e-7 wherever th
 representable, with no reliance on libdevice's log1p/expm1.
 """
 from __future__ import annotations
+
+import math
 
 def _expm1(y: str) -> str:
     """exp(y) - 1 without the cancellation near 0: a degree-7 Taylor polynomial for |y| < 0.5
@@ -111,6 +117,13 @@ BINARY = {
     "div": ("({x} / {y})", "({x} / {y})"),
     "rdiv": ("({y} / {x})", "({y} / {x})"),
 }
+# Mask steps: the operand is a boolean mask (read as nonzero = set), {v} the fill value:
+# x.masked_fill(mask, v) and torch.where(mask, x, v).  The mask may be periodic (broadcast).
+MASKED = {"masked_fill": ("tl.where({y} != 0, {v}, {x})", "torch.where({y} != 0, {v}, {x})"),
+          "masked_keep": ("tl.where({y} != 0, {x}, {v})", "torch.where({y} != 0, {x}, {v})")}
+# A select step ({"op": "select", "cond": [...], "cmp": "gt", "value": v, "then": [...] or a
+# number, "else": ...}) is torch.where(cond(x) CMP v, then(x), else(x)) on one value x.
+CMP = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 # "bias" adds a vector over the last dim; its operand is [N].
 VECTOR = {"bias": ("({x} + {y})", "({x} + {y})")}
 
@@ -134,11 +147,18 @@ ERROR_GAIN = {
 
 
 def all_ops() -> set[str]:
-    return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR) | set(POWER) | set(INDEXED) | {"fork"}
+    return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR) | set(POWER) | set(INDEXED) | set(MASKED) | {
+        "fork", "select"}
 
 
 def takes_value(op: str) -> bool:
-    return op in SCALAR or op in POWER or op in INDEXED
+    return op in SCALAR or op in POWER or op in INDEXED or op in MASKED or op == "select"
+
+
+def number(v: float) -> str:
+    """A float literal Python and Triton both read (inf and nan have no repr literal)."""
+    v = float(v)
+    return repr(v) if math.isfinite(v) else f"float('{v}')"
 
 
 def pow_expr(x: str, v: float) -> str:
@@ -164,7 +184,9 @@ def error_gain(step: dict, y: str | None = None) -> str | None:
     """The torch expression of the error scale after `step` (ERROR_GAIN formatted for it), or
     None when the step passes an error on at most unchanged.  A fork's gain is its measured
     slope: a central difference at a thousandth of the error scale s, in float64."""
-    if step["op"] == "fork":
+    if step.get("pre") and y is not None:   # the operand as the step sees it
+        y = f"({torch_expr(step['pre'], y, {})})"
+    if step["op"] in ("fork", "select"):
         h = "(1e-3 * s + 1e-300)"
         up, down = torch_expr([step], f"(x + {h})", {}), torch_expr([step], f"(x - {h})", {})
         return f"({up} - {down}).abs() / (2 * {h}) * s"
@@ -191,6 +213,8 @@ def validate_chain(chain: list[dict], indexed: bool = False) -> None:
         op = step.get("op")
         if op not in all_ops():
             raise ValueError(f"unknown pointwise op {op!r}; known: {', '.join(sorted(all_ops()))}")
+        if takes_value(op) and op in MASKED and isinstance(step.get("value"), float) and math.isnan(step["value"]):
+            raise ValueError(f"{op} with a NaN fill value is not served")
         if takes_value(op) and (isinstance(step.get("value"), bool) or not isinstance(step.get("value"), (int, float))):
             raise ValueError(f"pointwise op {op!r} needs a numeric 'value'")
         for key in EXTRA.get(op, {}):
@@ -204,9 +228,15 @@ def validate_chain(chain: list[dict], indexed: bool = False) -> None:
             raise ValueError(f"{op} takes an integer diagonal, got {step['value']!r}")
         if op == "fork":
             _validate_fork(step, indexed)
+        if op == "select":
+            _validate_select(step, indexed)
+        if "pre" in step:
+            _validate_branch(step, "pre", indexed)
+            if op not in BINARY:
+                raise ValueError(f"only two-operand steps transform their operand first; got {step}")
         if "every" in step or "period" in step:
             ints = [step.get(k) for k in ("every", "period")]
-            if op not in BINARY or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in ints):
+            if (op not in BINARY and op not in MASKED) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in ints):
                 raise ValueError(f"a periodic operand needs a two-operand op and positive integers "
                                  f"'every' and 'period'; got {step}")
 
@@ -215,12 +245,29 @@ def _validate_fork(step: dict, indexed: bool) -> None:
     if step.get("binop") not in FORK_BINOPS:
         raise ValueError(f"a fork step's binop must be one of {', '.join(FORK_BINOPS)}; got {step.get('binop')!r}")
     for side in ("left", "right"):
-        sub = step.get(side)
-        if not isinstance(sub, list) or not all(isinstance(s, dict) for s in sub):
-            raise ValueError(f"a fork step's {side!r} must be a list of steps")
-        if any(operand_kind(s) for s in sub):
-            raise ValueError("a fork step's branches read no other tensor")
-        validate_chain(sub, indexed)
+        _validate_branch(step, side, indexed)
+
+
+def _validate_branch(step: dict, side: str, indexed: bool) -> None:
+    """A sub-chain of a fork, select or operand ("pre"): operand-free steps."""
+    sub = step.get(side)
+    if not isinstance(sub, list) or not all(isinstance(s, dict) for s in sub):
+        raise ValueError(f"a {step['op']} step's {side!r} must be a list of steps")
+    if any(operand_kind(s) for s in sub):
+        raise ValueError(f"a {step['op']} step's {side!r} reads no other tensor")
+    validate_chain(sub, indexed)
+
+
+def _validate_select(step: dict, indexed: bool) -> None:
+    if step.get("cmp") not in CMP:
+        raise ValueError(f"a select step compares with one of {', '.join(CMP)}; got {step.get('cmp')!r}")
+    _validate_branch(step, "cond", indexed)
+    for side in ("then", "else"):
+        v = step.get(side)
+        if isinstance(v, bool) or not isinstance(v, (int, float, list)):
+            raise ValueError(f"a select step's {side!r} is a list of steps or a number; got {v!r}")
+        if isinstance(v, list):
+            _validate_branch(step, side, indexed)
 
 
 def is_periodic(step: dict) -> bool:
@@ -230,7 +277,7 @@ def is_periodic(step: dict) -> bool:
 def operand_kind(step: dict) -> str | None:
     """"full" for an [M, N] operand, "vector" for an [N] one, "periodic" for a broadcast one
     of step["period"] values, None for no operand."""
-    if step["op"] in BINARY:
+    if step["op"] in BINARY or step["op"] in MASKED:
         return "periodic" if is_periodic(step) else "full"
     if step["op"] in VECTOR:
         return "vector"
@@ -261,14 +308,43 @@ def _expr(table_index: int, chain: list[dict], x: str, operand_names: dict[int, 
         elif op == "fork":
             left, right = (_expr(table_index, step[k], x, {}) for k in ("left", "right"))
             x = BINARY[step["binop"]][table_index].format(x=left, y=right)
-        elif op in BINARY and is_periodic(step) and table_index == 1:
-            f = BINARY[op][1].format(x="a", y="b")
-            x = f"_periodic(lambda a, b: {f}, {x}, {operand_names[i]}, {step['every']}, {step['period']})"
-        elif op in BINARY:
-            x = BINARY[op][table_index].format(x=x, y=operand_names[i])
+        elif op == "select":
+            x = _select_expr(table_index, step, x)
+        elif (op in BINARY or op in MASKED) and is_periodic(step) and table_index == 1:
+            f = _two(op, step, "a", "b", 1)
+            y = _expr(1, step.get("pre", []), operand_names[i], {})
+            x = f"_periodic(lambda a, b: {f}, {x}, {y}, {step['every']}, {step['period']})"
+        elif op in BINARY or op in MASKED:
+            x = _two(op, step, x, _expr(table_index, step.get("pre", []), operand_names[i], {}), table_index)
         else:
             x = VECTOR[op][table_index].format(x=x, y=operand_names[i])
     return x
+
+
+def _two(op: str, step: dict, x: str, y: str, table_index: int) -> str:
+    if op in MASKED:
+        return MASKED[op][table_index].format(x=x, y=y, v=number(step["value"]))
+    return BINARY[op][table_index].format(x=x, y=y)
+
+
+def _select_expr(table_index: int, step: dict, x: str) -> str:
+    cond = f"({_expr(table_index, step['cond'], x, {})} {CMP[step['cmp']]} {number(step['value'])})"
+    then, other = (_expr(table_index, step[k], x, {}) if isinstance(step[k], list) else number(step[k])
+                   for k in ("then", "else"))
+    if table_index == 0:
+        return f"tl.where({cond}, {then}, {other})"
+    # torch.where takes Python numbers for either branch; the result keeps x's dtype
+    return f"torch.where({cond}, {then}, {other})"
+
+
+def operand_dtype(step: dict) -> str | None:
+    """An operand's dtype when it is not the kernel's: a mask step reads a bool tensor."""
+    return "bool" if step["op"] in MASKED else None
+
+
+def operand_arg(step: dict) -> dict:
+    """TensorArg keywords of an operand's input beyond its shape: a mask is a random bool tensor."""
+    return {"dtype": "bool", "init": "mask"} if operand_dtype(step) else {}
 
 
 def triton_expr(chain: list[dict], x: str, operand_names: dict[int, str]) -> str:
@@ -308,8 +384,19 @@ def describe_chain(chain: list[dict]) -> str:
             left, right = (describe_chain(step[k]) if step[k] else "x" for k in ("left", "right"))
             parts.append(f"{step['binop']}({left}, {right})")
             continue
+        if step["op"] == "select":
+            then, other = ((describe_chain(step[k]) if step[k] else "x") if isinstance(step[k], list) else step[k]
+                           for k in ("then", "else"))
+            cond = describe_chain(step["cond"]) if step["cond"] else "x"
+            parts.append(f"where({cond} {CMP[step['cmp']]} {step['value']}, "
+                         f"{then}, {other})")
+            continue
+        pre = f"[{describe_chain(step['pre'])} of the operand]" if step.get("pre") else ""
         if is_periodic(step):
-            parts.append(f"{step['op']}(broadcast of {step['period']})")
+            parts.append(f"{step['op']}{pre}(broadcast of {step['period']})")
+            continue
+        if pre:
+            parts.append(f"{step['op']}{pre}")
             continue
         parts.append(f"{step['op']}({step['value']})" if "value" in step else step["op"])
     return " -> ".join(parts) if parts else "identity"

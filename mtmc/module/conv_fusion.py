@@ -43,7 +43,7 @@ def _padding(v, r: int, kernel: list[int], dilation: list[int]) -> list[list[int
 
 
 def _anchor(c, name: str, op: str, x, weight, bias, weight_shape, stride, padding, dilation, groups,
-            output_padding) -> Anchor:
+            output_padding, padding_mode: str = "zeros") -> Anchor:
     r = rank(op)
     shape, dtype = c._float_tensor(x, "the conv input")
     if len(shape) != r + 2:
@@ -62,6 +62,8 @@ def _anchor(c, name: str, op: str, x, weight, bias, weight_shape, stride, paddin
               "groups": groups}
     if is_transposed(op):
         params["output_padding"] = _ints(output_padding, r, "output_padding")
+    if padding_mode != "zeros":   # reflect / replicate / circular: remapped in the kernel's gather
+        params["padding_mode"] = padding_mode
     return Anchor("conv", op, x, params=params, b=weight, bias=bias, out=name, replaces=[name])
 
 
@@ -89,14 +91,12 @@ def classify_module(c, name: str, target: str, info: dict, x) -> Anchor | None:
     if op is None:
         return None
     attrs, params = info.get("attrs", {}), info.get("params", {})
-    if attrs.get("padding_mode", "zeros") != "zeros":
-        raise Reject(f"padding_mode={attrs['padding_mode']!r}: the conv kernels pad with zeros only")
     if "weight" not in params:
         raise Reject("the conv module has no weight parameter")
     bias = {"attr": f"{target}.bias"} if "bias" in params else None
     return _anchor(c, name, op, x, {"attr": f"{target}.weight"}, bias, params["weight"]["shape"],
                    attrs.get("stride", 1), attrs.get("padding", 0), attrs.get("dilation", 1), attrs.get("groups", 1),
-                   attrs.get("output_padding", 0))
+                   attrs.get("output_padding", 0), attrs.get("padding_mode", "zeros"))
 
 
 # -- building the group -----------------------------------------------------------------------------

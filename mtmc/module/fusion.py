@@ -33,7 +33,7 @@ import torch
 
 from mtmc.kernels import pointwise
 from mtmc.module import (attention_fusion, conv_fusion, identities, loss_fusion, matmul_forms, norm_fusion,
-                         pointwise_fusion, pool_fusion, scan_fusion)
+                         pointwise_fusion, pool_fusion, scan_fusion, where_fusion)
 from mtmc.kernels.catalog import family_of
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
@@ -124,7 +124,8 @@ class _Builder:
 PLUGIN_FAMILIES = {conv_fusion: ("conv",), norm_fusion: ("norm",), pool_fusion: ("pool",), scan_fusion: ("scan",),
                    loss_fusion: ("loss",),
                    # attention's patterns (softmax(q @ k^T * s) @ v written out) before matmul_forms'
-                   attention_fusion: ("attention",), matmul_forms: ("matmul_form",)}
+                   attention_fusion: ("attention",), matmul_forms: ("matmul_form",),
+                   where_fusion: ()}   # torch.where / masked_fill: pointwise steps, no family of its own
 PLUGINS = tuple(PLUGIN_FAMILIES)
 _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 
@@ -211,7 +212,8 @@ class Partitioner:
             return list(s.steps) if s.inputs and s.inputs[0] == NodeRef(running) else None
         x, y = s.inputs
         first = x == NodeRef(running)
-        if not first and y != NodeRef(running):
+        masked = s.binop in pointwise.MASKED   # the running value is what a mask fills
+        if (not first and y != NodeRef(running)) or (masked and not first):
             return None
         other = y if first else x
         if other == NodeRef(running):   # x * x, x + x
@@ -219,8 +221,10 @@ class Partitioner:
         t = self.g.tensor(other) if isinstance(other, NodeRef) else None
         if t is None:
             return self._scalar_step(s.binop, other, first, b)
-        if other.name in b.nodes or t[1] != b.dtype:
+        if other.name in b.nodes or t[1] != ("bool" if masked else b.dtype):
             return None
+        # an operand made by one-input steps of a tensor read nowhere else: the steps run on the load
+        other, pre, pre_nodes = pointwise_fusion.operand_path(self, other, node, b) if not masked else (other, [], [])
         oshape = t[0]
         if oshape != full_shape:
             try:
@@ -229,18 +233,23 @@ class Partitioner:
             except RuntimeError:
                 return None
         is_vector = oshape and oshape[-1] == full_shape[-1] and math.prod(oshape) == oshape[-1]
-        if vector_ok and is_vector and s.binop == "add" and oshape != full_shape:
+        if vector_ok and is_vector and s.binop == "add" and oshape != full_shape and not pre:
             b.inputs.append({"arg": b.arg(other), "view": "vector"})
             return [{"op": "bias"}]
         pattern = None
         if oshape != full_shape:
             # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
             pattern = _periodic_pattern(oshape, full_shape) if operand_view.get("of") == "main" else None
+            if pattern is None and masked:   # a broadcast mask is read in place by the next group instead
+                return None
             if pattern is None:
                 b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
                                "for the kernel (a copy)")
         b.inputs.append({"arg": b.arg(other), **({"view": "periodic"} if pattern else operand_view)})
-        pattern = pattern or {}
+        b.nodes += pre_nodes
+        pattern = {**(pattern or {}), **({"pre": pre} if pre else {})}
+        if masked:
+            return [{"op": s.binop, "value": s.value, **pattern}]
         if s.binop == "sub" and not first:
             return [{"op": "neg"}, {"op": "add", **pattern}]
         if s.binop == "div" and not first:

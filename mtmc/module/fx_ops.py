@@ -192,6 +192,7 @@ class Pointwise:
     steps: list[dict] = field(default_factory=list)
     binop: str | None = None
     covers: list[str] = field(default_factory=list)  # more nodes it spans (the sigmoid of x * sigmoid(x))
+    value: float | None = None      # a mask binop's fill value (module.where_fusion)
 
 
 @dataclass

@@ -75,6 +75,18 @@ def _path(p, ref, consumer: str, shape) -> tuple[str, list[dict], list[str]]:
         consumer, cur = cur, src.name
 
 
+def operand_path(p, ref: NodeRef, consumer: str, b) -> tuple[NodeRef, list[dict], list[str]]:
+    """(the tensor read, the steps applied to it, their nodes) for a binop's operand `ref`: back
+    through one-input steps used only on this path (relu(y) of relu(x) + relu(y)), so a formula
+    of two tensors is one kernel instead of one per branch; (ref, [], []) when there are none."""
+    t = p.g.tensor(ref)
+    root, steps, nodes = _path(p, ref, consumer, t)
+    if (not steps or p.g.tensor(root) != t or root in b.nodes or any(n in b.nodes for n in nodes)
+            or pointwise.uses_index(steps)):
+        return ref, [], []
+    return NodeRef(root), steps, nodes
+
+
 def _same(a: list[dict], b: list[dict]) -> bool:
     with torch.no_grad():
         ns = {"torch": torch, "math": math}

@@ -20,6 +20,7 @@ import re
 
 from mtmc.kernels.families.conv import FAMILY, SPATIAL, conv_spec
 from mtmc.request.build import _dtype, _ordered, _steps, _use, _values, _x
+from mtmc.request.padmode_words import read_padding_mode
 from mtmc.request.reading import _Ctx, _Fail, _Item, _rx
 
 _CONV = r"\b(?:conv(?:olution(?:al)?)?s?|deconv(?:olution)?s?)(?:[\s_-]*(?:[123][\s_-]?d))?\b|\bconv_?transpose[123]d\b"
@@ -76,6 +77,7 @@ def read_conv(ctx: _Ctx) -> None:
         return
     conv: dict = {"rank": None, "transposed": False, "depthwise": False, "pointwise": False}
     ctx.conv = conv
+    read_padding_mode(ctx, conv)
     for key, patterns in _WORDS.items():
         for pattern in patterns:
             after_conv = pattern.startswith("(?:\\bconv|")   # keep the conv word itself
@@ -93,7 +95,8 @@ def read_conv(ctx: _Ctx) -> None:
                     raise _Fail(f"I found two different {key}put channel counts: {conv[key]} and {v}.")
                 conv[key] = ctx.to_int(v)
             ctx.note("conv", m.group(0).strip())
-    for m in ctx.take(r"\b(?:transpos\w*|de[\s_-]?conv\w*|up[\s_-]?conv\w*|fractionally[\s_-]+strided)"):
+    transposed = ctx.take(r"\b(?:transpos\w*|de[\s_-]?conv\w*|up[\s_-]?conv\w*|fractionally[\s_-]+strided)")
+    for m in transposed:
         conv["transposed"] = True
         ctx.note("conv", m.group(0).strip())
     for m in ctx.take(r"\bdepth[\s_-]*wise\b"):
@@ -106,7 +109,7 @@ def read_conv(ctx: _Ctx) -> None:
         if conv["rank"] not in (None, int(m.group(1))):
             raise _Fail("the request names two different conv dimensions (1d/2d/3d).")
         conv["rank"] = int(m.group(1))
-    found = ctx.take(_CONV)
+    found = ctx.take(_CONV) or transposed   # "deconv" alone was taken as the transposed word
     for m in found:
         digits = re.findall(r"[123](?=[\s_-]?d)", m.group(0))
         if digits:
@@ -201,6 +204,8 @@ def build_conv(ctx: _Ctx, op: str) -> object:
     elif conv.get("output_padding") is not None:
         raise _Fail("output padding is for transposed convs only.")
     try:
+        if conv.get("padding_mode", "zeros") != "zeros":
+            params["padding_mode"] = conv["padding_mode"]
         spec = conv_spec(op, x, c_out, kernel, groups=conv.get("groups", 1), epilogue=epilogue, dtype=_dtype(ctx),
                          **params)
         FAMILY.validate(spec)

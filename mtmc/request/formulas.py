@@ -309,13 +309,25 @@ class _Walker:
     def plus(self, other, value) -> tuple:
         if value is not None:
             return ("step", {"op": "shift", "value": value})
-        name = self.operand_name(other)
-        op = "bias" if name in _BIAS_NAMES else "residual" if name in _RESIDUAL_NAMES else "add"
-        return ("step", {"op": op})
+        name, pre = self.operand_pre(other)
+        op = "add" if pre else "bias" if name in _BIAS_NAMES else "residual" if name in _RESIDUAL_NAMES else "add"
+        return ("step", {"op": op, **({"pre": pre} if pre else {})})
 
     def operand(self, other, op: str) -> dict:
-        self.operand_name(other)
-        return {"op": op}
+        _, pre = self.operand_pre(other)
+        return {"op": op, **({"pre": pre} if pre else {})}
+
+    def operand_pre(self, other) -> tuple[str, list[dict]]:
+        """(the tensor, the steps applied to it first) of a second operand: y, or relu(y),
+        sigmoid(y) * 2 ... (one kernel for a formula of two tensors)."""
+        names = _leaves(other, "name")
+        if other[0] == "name" or len(set(names)) != 1:
+            return self.operand_name(other), []
+        entries = _Walker(names[0], self.ctx).walk(other)
+        pre = [e[1] for e in entries]
+        if any(e[0] != "step" or pointwise.operand_kind(e[1]) for e in entries):
+            self.fail(other, "a second operand takes one-input steps only")
+        return names[0], pre
 
     def operand_name(self, other) -> str:
         if other[0] != "name":

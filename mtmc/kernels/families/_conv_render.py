@@ -29,13 +29,24 @@ REDUCE_BLOCK = 1024    # elements per program of the split-K reduction
 class _Dim:
     """One spatial dim's names and geometry, and the expressions the kernel uses for it."""
 
-    def __init__(self, name: str, k: int, s: int, lo: int, hi: int, dil: int, transposed: bool):
+    def __init__(self, name: str, k: int, s: int, lo: int, hi: int, dil: int, transposed: bool,
+                 mode: str = "zeros"):
         self.v = name.lower()                # l / d / h / w
         self.size, self.out, self.q = name, "O" + name, "Q" + name
-        self.k, self.s, self.lo, self.hi, self.dil, self.t = k, s, lo, hi, dil, transposed
+        self.k, self.s, self.lo, self.hi, self.dil, self.t, self.mode = k, s, lo, hi, dil, transposed, mode
         self.phased = transposed and s > 1   # several stride phases: only some taps reach a phase
         self.step = s // math.gcd(s, dil) if self.phased else 1    # valid taps repeat with this period
         self.bound = min(self.step, k)
+        self.remapped = mode != "zeros" and (lo or hi)   # reflect / replicate / circular: no masks
+
+    def remap(self, i: str) -> str:
+        """Input index i folded back into [0, size) as the padding mode does."""
+        n = self.size
+        if self.mode == "reflect":
+            return f"tl.where({i} < 0, -{i}, tl.where({i} >= {n}, 2 * {n} - 2 - {i}, {i}))"
+        if self.mode == "replicate":
+            return f"tl.minimum(tl.maximum({i}, 0), {n} - 1)"
+        return f"tl.where({i} < 0, {i} + {n}, tl.where({i} >= {n}, {i} - {n}, {i}))"   # circular
 
     @property
     def count(self) -> str:
@@ -74,7 +85,8 @@ class _Render:
         self.fam, self.spec, self.cfg = fam, spec, cfg
         p = spec.params
         self.t = is_transposed(spec.op)
-        self.dims = [_Dim(n, k, s, lo, hi, d, self.t) for n, k, s, (lo, hi), d in zip(
+        mode = p.get("padding_mode", "zeros")
+        self.dims = [_Dim(n, k, s, lo, hi, d, self.t, mode) for n, k, s, (lo, hi), d in zip(
             SPATIAL[rank(spec.op)], p["kernel"], p["stride"], p["padding"], p["dilation"])]
         self.phased = [d for d in self.dims if d.phased]
         self.phases = math.prod(d.s for d in self.phased)
@@ -165,19 +177,26 @@ class _Render:
     def _n_taps(self) -> str:
         return " * ".join(d.count for d in self.dims)
 
-    def _index_lines(self, flat: bool) -> tuple[list[str], str, str]:
-        """(lines, the taps' input offset, the in-range mask) for the current taps.  The input
-        index is row part + tap part per dim, so the offset splits into the rows' (row_base,
-        made once before the loop) plus the taps'; only padded dims need bounds checks."""
-        lines, offs, masks = [], [], []
+    def _index_lines(self, flat: bool) -> tuple[list[str], str, str, str]:
+        """(lines, the taps' input offset, the in-range mask, the rows-and-taps offset) for the
+        current taps.  The input index is row part + tap part per dim, so the offset splits into
+        the rows' (row_base, made once before the loop) plus the taps'; only zero-padded dims need
+        bounds checks.  A dim padded by reflection (replicate, circular) folds its index back in
+        range instead, which ties rows and taps: its offset is the last part, remapped index
+        minus the rows' part (2-d [rows, taps] when `flat`)."""
+        lines, offs, masks, both = [], [], [], []
         for d in self.dims:
             lines.append(f"a_{d.v} = {d.tap_part(f'k_{d.v}')}")
-            offs.append(f"a_{d.v} * sx_{d.v}")
-            checks = d.mask(f"i_{d.v}")
-            if checks:
+            checks = d.mask(f"i_{d.v}") if not d.remapped else []
+            if checks or d.remapped:
                 lines.append(f"i_{d.v} = i0_{d.v}[:, None] + a_{d.v}[None, :]" if flat else f"i_{d.v} = i0_{d.v} + a_{d.v}")
                 masks += checks
-        return lines, " + ".join(offs), " & ".join(masks)
+            if d.remapped:
+                row = f"i0_{d.v}[:, None]" if flat else f"i0_{d.v}"
+                both.append(f"({d.remap(f'i_{d.v}')} - {row}) * sx_{d.v}")
+            else:
+                offs.append(f"a_{d.v} * sx_{d.v}")
+        return lines, " + ".join(offs) or "0", " & ".join(masks), " + ".join(both)
 
     def _dot(self) -> list[str]:
         dt = self.spec.dtype
@@ -231,7 +250,8 @@ class _Render:
     def _loop_body(self) -> list[str]:
         w_taps = " + ".join(f"k_{d.v} * sw_{d.v}" for d in self.dims)
         if self.direct:
-            idx, offs, mask = self._index_lines(flat=False)
+            idx, offs, mask, both = self._index_lines(flat=False)
+            offs += f" + {both}" if both else ""
             return ["ci = it % CI_G", "t = it // CI_G", *self._taps("t"), *idx,
                     f"ok = row_ok{' & ' + mask if mask else ''}",
                     f"a = tl.load(x_ptr + (row_base + {offs})[:, None] + ((g_col * CI_G + ci) * sx_c)[None, :],",
@@ -240,7 +260,8 @@ class _Render:
                     "             mask=mask_n, other=0.0).to(tl.float32)",
                     "acc += a * wv[None, :]"]
         if self.algo == "taps":
-            idx, offs, mask = self._index_lines(flat=False)
+            idx, offs, mask, both = self._index_lines(flat=False)
+            offs += f" + {both}" if both else ""
             return ["cc = it % chunks", "t = it // chunks", *self._taps("t"), *idx,
                     "c = cc * BLOCK_K + rk",
                     "mask_c = c < CI_G",
@@ -250,10 +271,10 @@ class _Render:
                     f"b = tl.load(w_base + (c * sw_c)[:, None] + (rn * sw_j)[None, :] + {w_taps},",
                     "            mask=mask_c[:, None] & mask_n[None, :], other=0.0)",
                     *self._dot()]
-        idx, offs, mask = self._index_lines(flat=True)
+        idx, offs, mask, both = self._index_lines(flat=True)
         return ["kk = it * BLOCK_K + rk", "mask_k = kk < KT", "c = kk // taps", "t = kk % taps",
                 *self._taps("t"), *idx,
-                f"a = tl.load(x_ptr + row_base[:, None] + (c * sx_c + {offs})[None, :],",
+                f"a = tl.load(x_ptr + row_base[:, None] + (c * sx_c + {offs})[None, :]{' + ' + both if both else ''},",
                 f"            mask=row_ok[:, None] & mask_k[None, :]{' & ' + mask if mask else ''}, other=0.0)",
                 f"b = tl.load(w_base + (c * sw_c + {w_taps})[:, None] + (rn * sw_j)[None, :],",
                 "            mask=mask_k[:, None] & mask_n[None, :], other=0.0)",

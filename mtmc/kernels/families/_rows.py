@@ -129,7 +129,7 @@ class Rows:
 
     def inputs(self) -> list[TensorArg]:
         def arg(op: Operand) -> TensorArg:
-            return TensorArg(op.name, pointwise.operand_shape(op.chain_step))
+            return TensorArg(op.name, pointwise.operand_shape(op.chain_step), **pointwise.operand_arg(op.chain_step))
         return ([TensorArg("x", ("M", "N"))] + [arg(o) for o in self.pro_operands]
                 + [TensorArg(n, ("N",), init=init) for n, init in self.vectors]
                 + [arg(o) for o in self.epi_operands])

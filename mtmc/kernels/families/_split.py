@@ -9,11 +9,16 @@ Pass 2 is one row program per row: the reduction family's own kernel over the pa
 sum and mean, the op itself for max / min / prod / logsumexp), with the spec's epilogue.  No
 atomics: the partials are combined in a fixed order, so the result is the same on every run
 (the loss family's two passes, kernels.families.loss, do the same for its sums).
+
+argmax / argmin: pass 1 stores each segment's (extreme, its first column) pair, both as float64
+(exact for fp32 values and for indices below 2**53) in one [M, 2 * segments] buffer; pass 2 picks
+the extreme of the pairs and, among the segments holding it, the least column: the first extreme
+in order, so ties resolve as in torch.
 """
 from __future__ import annotations
 
 from mtmc.kernels.families import _rows
-from mtmc.kernels.families.elementwise import INTERPRETED_SOURCE, interpreter_ints
+from mtmc.kernels.families.elementwise import IMPORTS, INTERPRETED_SOURCE, interpreter_ints
 from mtmc.kernels.spec import KernelSpec
 
 # SPLIT values offered; the default aims at this many programs per SM in pass 1.
@@ -24,12 +29,13 @@ PROGRAMS_PER_SM = 4
 MIN_CHUNKS = 4
 # Ops whose partials combine with an op of the same family ("mean" partials are pre-divided sums).
 COMBINE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min", "prod": "prod", "logsumexp": "logsumexp"}
+INDEX = {"argmax": "max", "argmin": "min"}   # (value, column) pairs, combined by PICK_SOURCE
 # Only rows this few are split (more rows already fill the GPU one program each).
 MAX_ROWS = 64
 
 
 def splittable(spec: KernelSpec) -> bool:
-    return spec.op in COMBINE and int(spec.params.get("inner", 1)) == 1 and spec.dims["M"] <= MAX_ROWS
+    return (spec.op in COMBINE or spec.op in INDEX) and int(spec.params.get("inner", 1)) == 1 and spec.dims["M"] <= MAX_ROWS
 
 
 def default_split(spec: KernelSpec, block_n: int, hw) -> int:
@@ -62,8 +68,8 @@ class SplitTemplate(_rows.RowTemplate):
                                      "col_mask = cols < seg_hi", "mask = row_mask[:, None] & col_mask[None, :]",
                                      *body])]
 
-    def store(self, var: str) -> str:
-        return f"tl.store(out_ptr + rows64 * stride_out + seg, {var}.to(out_ptr.dtype.element_ty), mask=row_mask)"
+    def store(self, var: str, at: str = "seg") -> str:
+        return f"tl.store(out_ptr + rows64 * stride_out + {at}, {var}.to(out_ptr.dtype.element_ty), mask=row_mask)"
 
     def kernel(self, body: list[str]) -> list[str]:
         segment = ["seg = tl.program_id(1)",
@@ -76,18 +82,56 @@ class SplitTemplate(_rows.RowTemplate):
     def loops(self) -> bool:
         return True
 
-    def launch_pass1(self) -> list[str]:
+    def launch_pass1(self, pairs: bool = False) -> list[str]:
         names = self.rows.names()
         strides = [f"{n}.stride(0)" for n in self._full_names()]
         c = self.config
         return ["    M, N = x.shape",
                 f"    L = triton.cdiv(triton.cdiv(N, {c['SPLIT']}), {c['BLOCK_N']}) * {c['BLOCK_N']}  # segment length",
                 "    segments = triton.cdiv(N, L)",
-                "    partial = torch.empty((M, segments), dtype=torch.float32, device=x.device)",
+                ("    partial = torch.empty((M, 2 * segments), dtype=torch.float64, device=x.device)  # values, columns"
+                 if pairs else "    partial = torch.empty((M, segments), dtype=torch.float32, device=x.device)"),
                 f"    {self.kernel_name}[(M, segments)](",
                 f"        {', '.join([*names, 'partial', 'M', 'N', 'L', *strides, 'partial.stride(0)'])},",
                 f"        BLOCK_N={c['BLOCK_N']}, ROWS_PER_PROG=1, num_warps={c['num_warps']}, "
                 f"num_stages={c['num_stages']})"]
+
+
+PICK_SOURCE = """
+@triton.jit
+def pick_kernel(partial_ptr, out_ptr, segments, stride_p, BLOCK: tl.constexpr, LARGEST: tl.constexpr):
+    # one row: the extreme of its segments' values, then the least column among those holding it
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.arange(0, BLOCK)
+    ok = seg < segments
+    col = tl.load(partial_ptr + row * stride_p + segments + seg, mask=ok, other=0.0)
+    if LARGEST:
+        v = tl.load(partial_ptr + row * stride_p + seg, mask=ok, other=float("-inf"))
+        best = tl.max(v, axis=0)
+    else:
+        v = tl.load(partial_ptr + row * stride_p + seg, mask=ok, other=float("inf"))
+        best = tl.min(v, axis=0)
+    big = 9.0e15   # above any column
+    first = tl.min(tl.where(ok & (v == best), col, big), axis=0)
+    first = tl.where(first == big, 0.0, first)   # a row of fills only: column 0, as torch
+    tl.store(out_ptr + row, first.to(tl.int64))
+"""
+
+
+def _render_pairs(spec: KernelSpec, t: SplitTemplate, body: list[str]) -> str:
+    """argmax / argmin split: pass 1 stores (extreme, first column) per segment, pass 2 picks."""
+    extreme = INDEX[spec.op]
+    # _looped leaves row_best (the segment's extreme) beside value (its first column)
+    first = t.kernel([*body, "segments = (N + L - 1) // L", t.store("row_best"), t.store("value", "segments + seg")])
+    names = t.rows.names()
+    block = max(16, 1 << max(int(t.config["SPLIT"]) - 1, 1).bit_length())
+    launch = [f"def launch({', '.join(names)}, *, out):", *t.launch_pass1(pairs=True),
+              f"    pick_kernel[(M,)](partial, out, segments, partial.stride(0), BLOCK={block}, "
+              f"LARGEST={extreme == 'max'}, num_warps=1)"]
+    header = [f"# pass 1: {spec.op} of each row's segments (SPLIT={t.config['SPLIT']}) -> (extreme, first column) "
+              "pairs in float64; pass 2: the first extreme in column order", IMPORTS.rstrip("\n")]
+    return "\n".join([*header, "import os", "", INTERPRETED_SOURCE.strip("\n"), "", PICK_SOURCE, "",
+                      *first, "", "", *launch]) + "\n"
 
 
 def render(family, spec: KernelSpec, config: dict, pass1_body, fill: str) -> str:
@@ -97,6 +141,8 @@ def render(family, spec: KernelSpec, config: dict, pass1_body, fill: str) -> str
     t = SplitTemplate(family.layout(spec), config, f"{spec.op}_split_kernel")
     t.config["SPLIT"] = config["SPLIT"]
     body = pass1_body(spec.op, t, t.load_x(fill))
+    if spec.op in INDEX:
+        return _render_pairs(spec, t, body)
     first = t.kernel([*body, t.store("value")])
     finish_spec = KernelSpec("reduction", COMBINE[spec.op], {"M": spec.dims["M"], "N": config["SPLIT"]}, "float32",
                              {"epilogue": spec.params["epilogue"]} if spec.params.get("epilogue") else {})

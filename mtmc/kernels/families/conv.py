@@ -45,6 +45,8 @@ DIRECT_MAX_CHANNELS = 8     # "direct" is legal up to this many input channels p
 TF32_SCALE = 16.0           # error scale factor when TF32 products are allowed (2**-10 vs 1e-4)
 
 
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
 def out_size(size: int, k: int, s: int, lo: int, hi: int, d: int, op_pad: int, transposed: bool) -> int:
     """One spatial output size, as PyTorch computes it."""
     if transposed:
@@ -96,6 +98,26 @@ def output_dims(op: str, dims: dict, params: dict) -> dict[str, int]:
         out_names(op), SPATIAL[r], params["kernel"], params["stride"], params["padding"], params["dilation"], ops)}
 
 
+def padding_mode(spec: KernelSpec) -> str:
+    return spec.params.get("padding_mode", "zeros")
+
+
+def check_padding_mode(spec: KernelSpec) -> None:
+    """nn.Conv's padding_mode: the kernel remaps out-of-range input indices (reflect, replicate,
+    circular) in its gather instead of reading a padded copy; PyTorch's limits on the pad apply."""
+    mode = padding_mode(spec)
+    if mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode must be one of {', '.join(PADDING_MODES)}; got {mode!r}")
+    if mode == "zeros":
+        return
+    if is_transposed(spec.op):
+        raise ValueError(f"padding_mode {mode!r}: transposed convs pad with zeros only (as in PyTorch)")
+    for name, (lo, hi) in zip(SPATIAL[rank(spec.op)], spec.params["padding"]):
+        size = spec.dims[name]
+        if (mode == "reflect" and max(lo, hi) >= size) or (mode == "circular" and max(lo, hi) > size):
+            raise ValueError(f"{mode} padding of {max(lo, hi)} needs a larger input dim {name} (it is {size})")
+
+
 class ConvFamily(Family):
     name = "conv"
     ops = OPS
@@ -127,6 +149,8 @@ class ConvFamily(Family):
         if any(lo or hi for lo, hi in pads):
             words.append("padding " + ("x".join(str(lo) for lo, _ in pads) if all(lo == hi for lo, hi in pads)
                                        else " ".join(f"{lo}/{hi}" for lo, hi in pads)))
+        if padding_mode(spec) != "zeros":
+            words.append(f"{padding_mode(spec)} padding")
         g = self.groups(spec)
         if g > 1:
             words.append("depthwise" if g == d["C_in"] == d["C_out"] else f"{g} groups")
@@ -163,6 +187,7 @@ class ConvFamily(Family):
                     raise ValueError(f"output_padding {o} must be smaller than the stride ({s}) or the dilation ({dil})")
         elif "output_padding" in p:
             raise ValueError("output_padding is for transposed convs only")
+        check_padding_mode(spec)
         want = output_dims(spec.op, d, p)
         wrong = {k: v for k, v in want.items() if d[k] != v}
         if wrong:
@@ -178,7 +203,8 @@ class ConvFamily(Family):
         args = [TensorArg("x", ("N", "C_in", *SPATIAL[r])), TensorArg("w", w, groups=g)]
         epi = self.epilogue(spec)
         for i, name, _ in operand_steps(epi):
-            args.append(TensorArg(name, ("C_out",) if is_channel_step(epi[i]) else ("N", "C_out", *out_names(spec.op))))
+            args.append(TensorArg(name, ("C_out",) if is_channel_step(epi[i]) else ("N", "C_out", *out_names(spec.op)),
+                                  **pointwise.operand_arg(epi[i])))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:
@@ -194,10 +220,11 @@ class ConvFamily(Family):
             return [f"{target} = torch.nn.functional.{spec.op}({x}, {w}, None, stride={tup(p['stride'])}, "
                     f"padding={tup([lo for lo, _ in pads])}, output_padding={tup(p['output_padding'])}, "
                     f"groups={groups}, dilation={tup(p['dilation'])})"]
-        lines = []
-        if any(lo != hi for lo, hi in pads):  # asymmetric: pad first (F.pad lists the last dim first)
+        lines, mode = [], padding_mode(spec)
+        if any(lo != hi for lo, hi in pads) or mode != "zeros":   # pad first (F.pad lists the last dim first)
             flat = [v for lo, hi in reversed(pads) for v in (lo, hi)]
-            lines.append(f"{target} = torch.nn.functional.pad({x}, {tup(flat)})")
+            how = "" if mode == "zeros" else f", mode={mode!r}"
+            lines.append(f"{target} = torch.nn.functional.pad({x}, {tup(flat)}{how})")
             x, pads = target, [[0, 0]] * r
         lines.append(f"{target} = torch.nn.functional.{spec.op}({x}, {w}, None, stride={tup(p['stride'])}, "
                      f"padding={tup([lo for lo, _ in pads])}, dilation={tup(p['dilation'])}, groups={groups})")

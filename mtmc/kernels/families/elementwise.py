@@ -165,7 +165,7 @@ class ElementwiseFamily(Family):
     def inputs(self, spec: KernelSpec) -> list[TensorArg]:
         chain = self.chain(spec)
         return [TensorArg("x", ("M", "N")),
-                *(TensorArg(name, pointwise.operand_shape(chain[i])) for i, name, _ in operand_steps(chain))]
+                *(TensorArg(name, pointwise.operand_shape(chain[i]), **pointwise.operand_arg(chain[i])) for i, name, _ in operand_steps(chain))]
 
     def output(self, spec: KernelSpec) -> TensorArg:
         return TensorArg("out", ("M", "N"))
@@ -222,8 +222,9 @@ class ElementwiseFamily(Family):
     def work(self, spec: KernelSpec) -> tuple[float, float]:
         m, n = spec.dims["M"], spec.dims["N"]
         operands = self.inputs(spec)[1:]
-        elems = 2 * m * n + sum(math.prod(a.concrete_shape(spec.dims)) for a in operands)
-        return float(m * n * max(1, len(self.chain(spec)))), float(elems * DTYPE_BYTES[spec.dtype])
+        moved = 2 * m * n * DTYPE_BYTES[spec.dtype] + sum(
+            math.prod(a.concrete_shape(spec.dims)) * DTYPE_BYTES[a.dtype or spec.dtype] for a in operands)
+        return float(m * n * max(1, len(self.chain(spec)))), float(moved)
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:
         # Rows keep N's remainder mod 256 (and so its alignment); enough rows for a few blocks and

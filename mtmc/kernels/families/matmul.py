@@ -115,8 +115,9 @@ class MatmulFamily(Family):
         bt = self.batch(spec)
         args = [TensorArg("a", (*bt, "M", "K")),
                 TensorArg("b", (*bt, "N", "K") if self.b_nk(spec) else (*bt, "K", "N"))]
-        for _, name, kind in operand_steps(self.epilogue(spec)):
-            args.append(TensorArg(name, (*bt, "M", "N") if kind == "full" else ("N",)))
+        epi = self.epilogue(spec)
+        for i, name, kind in operand_steps(epi):
+            args.append(TensorArg(name, (*bt, "M", "N") if kind == "full" else ("N",), **pointwise.operand_arg(epi[i])))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:

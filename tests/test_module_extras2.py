@@ -1,0 +1,62 @@
+"""torch.where / masked_fill / comparisons and two-tensor formulas in uploaded modules: the groups
+they become (one kernel per formula), why near misses stay PyTorch, and that ModelNew with the
+default kernels computes what Model does (interpreter, small sizes)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mtmc.module.capture import capture
+from mtmc.module.fusion import partition
+from tests.test_module_conv import assert_model_new_matches
+
+MODULES = Path(__file__).parent / "modules"
+
+
+@pytest.fixture(scope="module")
+def where_forms():
+    cap = capture(str(MODULES / "where_forms.py"))
+    return (MODULES / "where_forms.py").read_text(), cap, partition(cap)
+
+
+def _by_line(part) -> dict[int, object]:
+    return {int(g.ops[-1].split("(line ")[-1].rstrip(")")): g for g in part.groups}
+
+
+def test_where_and_masked_fill_are_steps_of_one_kernel(where_forms):
+    _, _, part = where_forms
+    g = _by_line(part)
+    chain = g[25].spec["params"]["chain"]   # a + b: two selects, the second on its operand
+    assert chain[0] == {"op": "select", "cond": [], "cmp": "gt", "value": 0.0, "then": [],
+                        "else": [{"op": "scale", "value": 0.2}]}
+    assert chain[1]["op"] == "add" and chain[1]["pre"][0]["cmp"] == "gt"   # 0.5 < |y| is |y| > 0.5
+    assert chain[1]["pre"][0]["cond"] == [{"op": "abs"}] and chain[1]["pre"][0]["else"] == 1.0
+    assert g[17].spec["params"]["chain"] == [{"op": "masked_fill", "value": 0.0}, {"op": "scale", "value": 2.0}]
+    assert g[20].spec["params"]["chain"] == [{"op": "masked_keep", "value": -1.0}, {"op": "relu"}]
+    # the broadcast [1, S, S] mask is not expanded for the bmm's epilogue: the softmax after it
+    # takes the masked_fill(-inf) as its prologue and reads the mask in place
+    (sm,) = [grp for grp in part.groups if grp.family == "softmax"]
+    assert sm.spec["params"]["prologue"] == [{"op": "masked_fill", "value": float("-inf"), "every": 1, "period": 36}]
+    assert {"view": "periodic"}.items() <= sm.inputs[1].items()
+    assert "epilogue" not in g[18].spec["params"]
+
+
+def test_two_tensor_formulas_are_one_kernel(where_forms):
+    _, _, part = where_forms
+    g = _by_line(part)
+    assert g[21].spec["params"]["chain"] == [{"op": "relu"}, {"op": "add", "pre": [{"op": "relu"}]}]
+    assert [s["op"] for s in g[22].spec["params"]["chain"]] == ["sigmoid", "mul"]
+    assert [s["op"] for s in g[23].spec["params"]["chain"]] == ["sub", "abs", "mul"]
+    assert len(part.groups) == 8
+
+
+def test_where_of_two_tensors_stays_pytorch_with_the_reason(where_forms):
+    _, _, part = where_forms
+    why = {t["op"]: t["why"] for t in part.torch_ops}
+    assert "two tensors under a mask" in why["where (line 24)"]
+
+
+def test_where_forms_model_new_matches(tmp_path, where_forms):
+    source, cap, part = where_forms
+    assert_model_new_matches(tmp_path, source, cap, part)
