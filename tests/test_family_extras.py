@@ -75,8 +75,7 @@ def test_default_configs_compile_for_sm90_without_spills():
              "log_softmax dim1 looped": spec_of(softmax.FAMILY, "log_softmax", 16 * 1024, 4096, inner=1024)}
     reports = compile_defaults({k: v.to_dict() for k, v in specs.items()})
     reports.update(compile_defaults({"sum all": spec_of(reduction.FAMILY, "sum", 1, 1 << 28).to_dict(),
-                                     "max all fp16": spec_of(reduction.FAMILY, "max", 1, 1 << 28, "float16").to_dict()},
-                                    "reduction"))
+                                     "max all fp16": spec_of(reduction.FAMILY, "max", 1, 1 << 28, "float16").to_dict()}))
     for name, report in reports.items():
         assert report["kernels"], name
         for kernel in report["kernels"]:
