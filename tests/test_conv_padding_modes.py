@@ -13,7 +13,7 @@ from mtmc.kernels.spec import KernelSpec
 from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
 from mtmc.tools.hardware import PROFILES
-from tests.test_family_conv import compile_defaults
+from kernel_helpers import compile_defaults
 from tests.test_family_rows import assert_correct
 from tests.test_module_conv import assert_model_new_matches
 

@@ -12,7 +12,7 @@ from mtmc.kernels.families import elementwise, matmul, reduction, softmax
 from mtmc.kernels.spec import KernelSpec
 from mtmc.tools.hardware import PROFILES
 from mtmc.tools.loader import load_source
-from tests.test_family_conv import compile_defaults
+from kernel_helpers import compile_defaults
 from tests.test_family_rows import assert_correct
 
 H200 = PROFILES["h200"]
@@ -84,7 +84,7 @@ def test_default_configs_compile_for_sm90():
     specs = {name: chain_spec(chain, dtype, 8192, 8192).to_dict()
              for name, chain in CHAINS.items() for dtype in ("float32", "bfloat16")
              for name in [f"{name} {dtype}"]}
-    for name, report in compile_defaults(specs, "elementwise").items():
+    for name, report in compile_defaults(specs).items():
         (kernel,) = report["kernels"]
         assert kernel["error"] is None, f"{name}: {kernel['error']}"
         assert report["violations"] == [] and kernel["spill_bytes"] == 0, name
@@ -116,6 +116,6 @@ def test_split_argmax_ties_pick_the_first_extreme_as_torch(op):
 def test_split_argmax_default_compiles_for_sm90():
     specs = {f"{op} {dt}": KernelSpec("reduction", op, {"M": 1, "N": 1 << 28}, dt, {}).to_dict()
              for op in ("argmax", "argmin") for dt in ("float32", "bfloat16")}
-    for name, report in compile_defaults(specs, "reduction").items():
+    for name, report in compile_defaults(specs).items():
         assert all(k["error"] is None and k["spill_bytes"] == 0 for k in report["kernels"]), name
         assert report["violations"] == [], name

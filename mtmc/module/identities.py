@@ -63,11 +63,12 @@ def _redirect(arg, to: dict[str, str]):
 
 
 def without_identities(desc: dict, dropped: dict[str, str]) -> dict:
-    """A copy of the captured graph `desc` whose nodes read past the dropped identities (the
+    """A copy of the captured graph `desc` whose nodes read past the dropped identities, which
+    it leaves out: a node kept there would still count as a user of its input, and a pattern
+    asking for a single user (softmax -> dropout -> P @ v in attention) would not match (the
     caller's desc is left as it is: the assembler rewrites the original)."""
     if not dropped:
         return desc
-    nodes = [n if n["name"] in dropped else {**n, "args": _redirect(n["args"], dropped),
-                                             "kwargs": _redirect(n["kwargs"], dropped)}
-             for n in desc["nodes"]]
+    nodes = [{**n, "args": _redirect(n["args"], dropped), "kwargs": _redirect(n["kwargs"], dropped)}
+             for n in desc["nodes"] if n["name"] not in dropped]
     return {**desc, "nodes": nodes}
