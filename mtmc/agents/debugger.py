@@ -80,16 +80,25 @@ def debug(state: State, runtime: Runtime[Context]) -> dict:
     cand = state["candidate"]
     verdict = cand["verdict"]
     fix = propose_fix(spec, cand["config"], verdict, set(state.get("tried", [])))
+    calls: list = []
+    if fix is None and runtime.context.llm is not None:   # the deterministic cures are spent: ask the model
+        from mtmc.agents.llm_coder import hardware_facts
+        from mtmc.agents.llm_debugger import knob_fix
+        fix = knob_fix(runtime.context.llm, family_of(spec).config_space(spec), cand["config"], verdict,
+                       set(state.get("tried", [])), hardware_facts(runtime.context.target), calls)
+        fix = fix and (fix[0], f"the model's fix: {fix[1]}")
+    llm_calls = {"llm_calls": state.get("llm_calls", []) + calls} if calls else {}
     if fix is None:
         emit(E.Debug(step=cand["step"], fix=None, reason=f"no safe fix for {verdict.get('kind')}: roll back"))
-        return {"debug_attempts": runtime.context.max_debug + 1}  # routes to rollback
+        return {"debug_attempts": runtime.context.max_debug + 1, **llm_calls}  # routes to rollback
     action, why = fix
     record = step_record(state, f"failed ({verdict.get('kind')}: {verdict.get('detail', '')[:200]}); debugger: {action.label()}")
     decision = {"action": action.to_dict(), "origin": "debugger", "alternatives": [],
                 "reason": f"{verdict.get('kind')}: {why}"}
     emit(E.Debug(step=cand["step"], fix=action.label(), reason=decision["reason"]))
     emit(E.build("step", **record))
-    return {"decision": decision, "debug_attempts": state.get("debug_attempts", 0) + 1, "steps": state.get("steps", []) + [record]}
+    return {"decision": decision, "debug_attempts": state.get("debug_attempts", 0) + 1,
+            "steps": state.get("steps", []) + [record], **llm_calls}
 
 
 def route_after_debug(state: State, runtime: Runtime[Context]) -> str:

@@ -46,8 +46,10 @@ def explain(question: str, state: dict, store: Store | None = None, llm=None) ->
 
 def _facts(question: str, state: dict, store: Store | None) -> tuple[str, str]:
     """(what the question is about, the fact sheet in plain text)."""
-    spec = KernelSpec.from_dict(state["spec"])
     kind, target, lines = _subject(question, state)
+    if not state.get("spec"):   # an op outside the catalog (agents.custom_op): its steps' records only
+        return kind, join_lines(lines + _custom_facts(kind, target, state))
+    spec = KernelSpec.from_dict(state["spec"])
     hw = _profile(state, target)
     if kind == "step":
         lines += _decision(target)
@@ -63,6 +65,23 @@ def _facts(question: str, state: dict, store: Store | None) -> tuple[str, str]:
         lines += _fusion(spec, state)
     lines += _similar(spec, hw.name, state.get("history_id"), store)
     return kind, join_lines(lines)
+
+
+def _custom_facts(kind: str, target: dict | None, state: dict) -> list[str]:
+    """A custom op's step: the move or fix and why, and the guard's verdict of its draft."""
+    if kind not in ("step", "stop") or target is None:
+        return []
+    lines = _decision(target)
+    verdict = target.get("verdict") or ((state.get("best") or {}).get("verdict") if kind == "stop" else None) or {}
+    if verdict:
+        lines.append(f"Guard: {verdict.get('summary') or verdict.get('kind')}"
+                     + ("" if verdict.get("ok") else f": {(verdict.get('detail') or '')[:300]}"))
+        lines.append("Measured: " + (f"{verdict['time_ms']:.4f} ms" if verdict.get("measured") else
+                                     "no (Triton's interpreter: the guard checks correctness only)"))
+    c = state.get("custom") or {}
+    lines.append(f"The op: {c.get('name')}, outside the catalog; the model wrote its reference and every draft, "
+                 "the planner chose each macro move, the guard checked each draft in a sandboxed child.")
+    return lines
 
 
 def join_lines(lines: list[str]) -> str:

@@ -38,7 +38,12 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
         emit(E.Parsed(spec=spec.to_dict(), description=describe(spec), assumptions=[]))
         return {"status": "running", "assumptions": [], "spec": spec.to_dict()}
     calls: list[dict] = []     # the model's calls (role, latency, tokens), kept in the history
-    result, _custom = read_request(state["request"], runtime.context.llm, calls)
+    result, custom = read_request(state["request"], runtime.context.llm, calls)
+    if custom is not None:   # outside the catalog, with a model to write it: the graph's custom branch
+        c = {"name": custom.name, "reference": custom.reference, "inputs": custom.inputs}
+        emit(E.Parsed(spec={"custom": c}, description=f"{custom.name} (outside the catalog)",
+                      assumptions=list(result.assumptions)))
+        return {"status": "running", "custom": c, "assumptions": list(result.assumptions), "llm_calls": calls}
     if not result.ok:
         emit(E.Unsupported(message=result.message))
         return {"status": "unsupported", "message": result.message, "llm_calls": calls}

@@ -16,7 +16,7 @@ from pathlib import Path
 from mtmc.request.llm_parse import CustomOp
 from mtmc.tools.guard.report import format_verdict
 from mtmc.tools.guard.verifier import DEFAULT_TIMEOUT_S, ReferenceFailed, check_candidate, run_reference
-from mtmc.tools.hardware import get_profile
+from mtmc.tools.hardware import resolve
 from mtmc.tools.llm import LLMFailure, ask, prompt
 
 ROLE = "coder"
@@ -94,7 +94,7 @@ class _Coder:
             verdict = self._verify(source) if source else None
             record = {"step": len(self.result.steps), "instruction": instruction, "attempt": attempt,
                       "outcome": "kept" if verdict and verdict.get("accepted") else "rejected",
-                      "verdict": _verdict_line(verdict) if verdict else "no code block in the reply"}
+                      "verdict": verdict_line(verdict) if verdict else "no code block in the reply"}
             self.result.steps.append(record)
             if self.on_step:
                 self.on_step(record)
@@ -106,15 +106,7 @@ class _Coder:
         self.result.steps[-1]["outcome"] = "rolled back" if self.result.source else "rejected"
 
     def _draft(self, instruction: str) -> str | None:
-        hw = get_profile(self.target)
-        facts = (f"Target: {hw.name}, {hw.sms} SMs, {hw.smem_per_block // 1024} KB shared memory per block, "
-                 f"{hw.max_regs_per_thread} registers per thread, {hw.bandwidth_gbs:.0f} GB/s.")
-        inputs = ", ".join(f"{'x'.join(map(str, i['shape']))} {i['dtype']}" for i in self.op.inputs)
-        current = f"\n\nThe current accepted draft:\n```python\n{self.result.source}```" if self.result.source else ""
-        text = ask(self.llm, prompt(ROLE), f"Reference:\n```python\n{self.op.reference.strip()}\n```\nInputs: {inputs}\n"
-                   f"{facts}{current}\n\nInstruction: {instruction}", role=ROLE, calls=self.calls)
-        found = _CODE.search(text)
-        return found.group(1) if found else None
+        return ask_for_draft(self.llm, self.op, instruction, self.result.source, self.calls, self.target)
 
     def _verify(self, source: str) -> dict:
         path = self.work / f"draft_{len(self.result.steps)}.py"
@@ -122,6 +114,25 @@ class _Coder:
         return check_candidate(self.ref, path, self.timeout_s)
 
 
-def _verdict_line(verdict: dict) -> str:
+def hardware_facts(target: str | None) -> str:
+    """The target's limits in one line, as the coder and debugger prompts give them."""
+    hw = resolve(target)
+    return (f"Target: {hw.name}, {hw.sms} SMs, {hw.smem_per_block // 1024} KB shared memory per block, "
+            f"{hw.max_regs_per_thread} registers per thread, {hw.bandwidth_gbs:.0f} GB/s.")
+
+
+def ask_for_draft(llm, op: CustomOp, instruction: str, current: str | None, calls: list | None,
+                  target: str | None, role: str = ROLE) -> str | None:
+    """The model's file for `op` under `instruction` (applied to `current`, the draft it changes),
+    or None when the reply holds no code block; LLMFailure when the model cannot be used."""
+    inputs = ", ".join(f"{'x'.join(map(str, i['shape']))} {i['dtype']}" for i in op.inputs)
+    shown = f"\n\nThe current draft:\n```python\n{current}```" if current else ""
+    text = ask(llm, prompt(role), f"Reference:\n```python\n{op.reference.strip()}\n```\nInputs: {inputs}\n"
+               f"{hardware_facts(target)}{shown}\n\nInstruction: {instruction}", role=role, calls=calls)
+    found = _CODE.search(text)
+    return found.group(1) if found else None
+
+
+def verdict_line(verdict: dict) -> str:
     failed = [f"{c['name']}: {c['detail']}" for c in verdict.get("checks", []) if c.get("passed") is False]
     return verdict.get("outcome", "?") + (f" ({failed[0][:200]})" if failed else "")

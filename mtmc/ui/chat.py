@@ -282,7 +282,7 @@ def _kernel_outputs(state: dict, stream: StepStream, prefs: Settings) -> dict:
     out = {"times": time_svg(stream.time_table())}
     if artifact and Path(artifact).exists():
         out.update(code=Path(artifact).read_text(), download=artifact)
-    if isinstance(best.get("time_ms"), (int, float)):
+    if isinstance(best.get("time_ms"), (int, float)) and state.get("spec"):   # a custom op has no roofline spec
         profile = resolve(prefs.target)
         point = kernel_point(state["spec"], best["time_ms"], profile, bool(verdict.get("measured")),
                              name=f"final kernel (step {best.get('step')})")
