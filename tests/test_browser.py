@@ -167,8 +167,8 @@ def test_a_two_group_module_gets_a_line_per_group_and_tables_that_fit(page):
     expect(chat_report).to_be_visible()
     assert chat_report.evaluate(BROKEN_HEADER_WORDS) == []
     _ask(page, "why did you fuse the add?")
-    expect(chat.get_by_text("fuses Linear proj (line 16) -> Dropout drop (line 16) -> add (line 17)",
-                            exact=False)).to_be_visible()
+    # (the Dropout(0.0) between them is read past as an identity)
+    expect(chat.get_by_text("fuses Linear proj (line 16) -> add (line 17)", exact=False)).to_be_visible()
 
 
 def test_a_one_step_run_is_a_dot_on_the_plot(page):
