@@ -17,7 +17,7 @@ pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
 import cluster_tasks  # noqa: E402  (the workers import it by name)
-from mtmc.commands import batch  # noqa: E402
+from mtmc.commands import optimize  # noqa: E402
 from mtmc.memory import MemoryUnavailable, Store  # noqa: E402
 from mtmc.memory import shared  # noqa: E402
 from mtmc.tools.cluster import ClusterOptions, Engine  # noqa: E402
@@ -143,17 +143,17 @@ def test_a_folder_of_modules_on_workers_writes_each_once_and_resumes(engine, tmp
     (src / "sub" / "b.py").write_text(QUICK)
     (src / "_helper.py").write_text("X = 1\n")
     args = batch_args(src, tmp_path / "out")
-    assert batch.run_batch(args, engine) == 0
+    assert optimize.run_batch(args, engine) == 0
     out = capsys.readouterr().out
     assert "2 module(s)" in out and "2 to optimize" in out
     lines = [json.loads(ln) for ln in (tmp_path / "out" / "batch.jsonl").read_text().splitlines()]
     assert sorted(r["module"] for r in lines) == ["a.py", "sub/b.py"]
     assert all(r["status"] == "rejected" and r["worker"].startswith("tcp://") for r in lines)
     assert (tmp_path / "out" / "sub" / "b.log").exists()   # written here, from the task's text
-    assert batch.run_batch(args, engine) == 0
+    assert optimize.run_batch(args, engine) == 0
     assert "2 already recorded" in capsys.readouterr().out
     (src / "a.py").write_text(QUICK + "# changed\n")      # a changed module is optimized again
-    assert batch.run_batch(args, engine) == 0
+    assert optimize.run_batch(args, engine) == 0
     assert "1 to optimize" in capsys.readouterr().out
     assert len((tmp_path / "out" / "batch.jsonl").read_text().splitlines()) == 3
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from mtmc.agents.context import Context
+from mtmc.agents.context import Context, env_llm, known_target
 from mtmc.agents.runner import run_request, summary_json
-from mtmc.commands import env_llm, known_target
 from mtmc.agents.events.text import printer
 
 

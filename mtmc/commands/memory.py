@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from mtmc.agents.context import env_llm
 from mtmc.agents.explainer import explain
-from mtmc.commands import env_llm
 from mtmc.agents.events.text import decision_line, verdict_line
 from mtmc.memory import MemoryUnavailable, Store
 from mtmc.tools.hardware import get_profile

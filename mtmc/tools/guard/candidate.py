@@ -63,7 +63,7 @@ class _Watch:
         self.streams = probes.StreamWatch()
         self.streams.install()
         self.timing = probes.Snapshot(probes.TIMING_FUNCTIONS)
-        self.hooks = probes.Snapshot(probes.VERIFIER_HOOKS)
+        self.hooks = probes.Snapshot((*probes.VERIFIER_HOOKS, f"{__name__}.share", f"{__name__}.receive"))
         self.threads = probes.ThreadWatch()
         self.strict_native = device == "cpu"  # CUDA starts driver threads of its own
 
