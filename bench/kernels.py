@@ -48,6 +48,7 @@ def measure(text: str, hw, compiled_too: bool, copy: float) -> dict:
         row.update(correct=verdict.ok, check=verdict.reason[:200])
         t = time_candidate(spec, source, baselines=True, compile_baseline=compiled_too)
         row.update(ours_ms=t["ours_ms"], eager_ms=t["eager_ms"], compiled_ms=t["compiled_ms"],
+                   compiled_note=t.get("compiled_note"),
                    vs_eager=t["speedup_vs_eager"], vs_compiled=t["speedup_vs_compiled"],
                    gbs=t["achieved_gbs"], tflops=t["achieved_tflops"], of_copy=t["achieved_gbs"] / copy)
     except Exception as exc:  # one op the GPU refuses must not lose the others' rows

@@ -30,3 +30,23 @@ def test_table_shows_measured_and_failed_rows():
     text = table(rows)
     assert "| relu of x | elementwise | True | 1.000 | 1.500 | - | 1.50 | - | 4100 | 93% | 0.1 |  |" in text
     assert "RuntimeError: boom" in text
+
+
+@pytest.mark.gpu
+def test_compiled_baseline_stays_compiled_after_many_references():
+    """On the H200 a bench process that compiled ten or so references got eager times back as
+    'torch.compile' (softmax over dim 1: 4.37 ms 'compiled' = eager; 0.60 ms once dynamo was
+    reset per baseline).  Every baseline must compile a fresh graph."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from mtmc.tools.loader import load_source
+    from mtmc.tools.timing import compiled_ms
+    x = torch.randn(64, 256, 32, device="cuda")
+    for i in range(14):
+        ref = load_source(f"import torch\ndef reference(x):\n    return torch.softmax(x * {i + 1}.0, dim=1)\n",
+                          "ref").reference
+        before = counters["stats"]["unique_graphs"]
+        result = compiled_ms(ref, [x])
+        assert result["ms"] is not None, result["note"]
+        assert counters["stats"]["unique_graphs"] > before, f"reference {i} ran uncompiled"

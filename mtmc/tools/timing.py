@@ -23,6 +23,9 @@ def compiled_ms(fn, inputs, mode: str = "default") -> dict:
 
     import torch
     try:
+        # A fresh dynamo state per baseline: in a process that compiles many references (a bench
+        # run), dynamo's recompile limits otherwise make later calls run eager silently.
+        torch._dynamo.reset()
         start = time.perf_counter()
         compiled = torch.compile(fn, mode=mode)
         compiled(*inputs)   # compile outside the timed region
