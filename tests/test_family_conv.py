@@ -279,3 +279,21 @@ def test_the_standalone_file_knows_every_size_a_shape_names():
     from mtmc.kernels.codegen import named_sizes
     spec = conv_spec("conv2d", (2, 8, 9, 9), 6, 3, groups=2)
     assert named_sizes(CONV, spec, spec.dims) == {**spec.dims, "C_in/G": 4}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["taps", "flat"])
+def test_transposed_3d_with_stride_dividing_dilation_is_right_on_the_gpu(algo):
+    """KernelBench level-1 task 77 (conv_transpose3d, stride 2, dilation 2): right in the
+    interpreter, wrong on the H200 in every config until the phase's taps were computed by plain
+    arithmetic (three tap searches in one 3-D kernel)."""
+    import torch
+    from mtmc.tools.loader import load_source
+    spec = conv_spec("conv_transpose3d", (2, 8, 5, 6, 7), 16, 3, stride=2, padding=1, dilation=2)
+    cfg = {**CONV.default_config(spec, PROFILES["h200"]), "ALGO": algo}
+    module = load_source(CONV.render(spec, cfg), "c77")
+    x, w = torch.randn(2, 8, 5, 6, 7, device="cuda"), torch.randn(8, 16, 3, 3, 3, device="cuda")
+    truth = torch.nn.functional.conv_transpose3d(x.double(), w.double(), stride=2, padding=1, dilation=2)
+    out = torch.full(truth.shape, float("nan"), device="cuda")
+    module.launch(x, w, out=out)
+    assert torch.allclose(out.double(), truth, rtol=1e-4, atol=1e-3)

@@ -154,6 +154,14 @@ class _Render:
             else:
                 lines.append(f"o_{d.v} = q_{d.v}")
         for d in self.phased:
+            if d.bound == 1:
+                # stride divides dilation: every tap reaches the phase or none does.  Plain
+                # arithmetic, not the search below: on the H200 (triton 3.6) three such searches
+                # in one 3-D kernel gave taps to phases no tap reaches (task 77), though the
+                # interpreter ran them right.
+                lines += [f"k0_{d.v} = 0",
+                          f"n_{d.v} = {d.k} * (((r_{d.v} + {d.lo}) % {d.s}) == 0).to(tl.int32)"]
+                continue
             lines += [f"# first tap of dim {d.v} that reaches phase r_{d.v} (they repeat every {d.step})",
                       f"k0_{d.v} = r_{d.v} * 0 + {d.bound}",
                       f"for j in tl.static_range({d.bound}):",
