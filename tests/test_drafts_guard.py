@@ -36,3 +36,18 @@ def test_a_draft_slower_than_the_best_skips_the_guard():
     spec, config, source = _relu()
     v = verify_draft(spec, source, config, HW, gpu=False, best_ms=1e-9)
     assert v["ok"] and "skipped" in v["guard"]
+
+
+def test_a_huge_draft_on_the_gpu_is_guarded_at_small_dims_and_checked_once_at_full_size():
+    """A KernelBench-size input (1.6e9 elements) made every draft's guard compute float64
+    truths at full size per variant, and modules ran out of time on the H200."""
+    from mtmc.kernels.drafts import GUARD_FULL_NUMEL, build_job
+    spec = parse_request("relu of a 4096x393216 fp32 tensor").spec
+    fam = family_of(spec)
+    config = fam.default_config(spec, HW)
+    job = build_job(spec, "", config, HW, gpu=True, baselines=False)
+    assert job["dims"] == spec.dims and job["trials"] == 1
+    assert job["guard_dims"] == fam.check_dims(spec, config) != spec.dims
+    small = parse_request("relu of a 1024x1024 fp32 tensor").spec
+    job = build_job(small, "", config, HW, gpu=True, baselines=False)
+    assert 2 * 1024 * 1024 <= GUARD_FULL_NUMEL and job["guard_dims"] == small.dims and job["trials"] == 2

@@ -34,6 +34,12 @@ from mtmc.tools.warm import drafts_pool
 # Compiling needs real CPU tensors of the compile dims; past this many elements the family's small
 # check dims stand in (resources do not depend on sizes beyond divisibility, which small_dim keeps).
 COMPILE_NUMEL_LIMIT = 1 << 27
+# Past this many elements (inputs + output) a draft's guard runs at the family's small check dims
+# and its correctness check at full size runs once, not twice: on the H200 a KernelBench input of
+# 1.6e9 fp32 elements made every draft cost tens of seconds of float64 truths (one per guard
+# variant), so modules ran past their time limit.  Full-size correctness still decides each draft,
+# and the assembled module is checked by the guard at its real size.
+GUARD_FULL_NUMEL = 1 << 26
 
 
 def _numel(spec: KernelSpec, dims: dict) -> int:
@@ -54,8 +60,10 @@ def build_job(spec: KernelSpec, source: str, config: dict, profile: HardwareProf
     check_dims = spec.dims if gpu else small
     # the small dims, never the GPU's check dims (the full size): a 6 GB placeholder broke the compile
     compile_dims = spec.dims if _numel(spec, spec.dims) <= COMPILE_NUMEL_LIMIT else small
+    huge = gpu and _numel(spec, spec.dims) > GUARD_FULL_NUMEL
     return {"kind": "verify", "task": task_of(spec), "source": source, "dims": check_dims,
-            "device": "cuda" if gpu else "cpu", "trials": 2, "target": profile.name,
+            "guard_dims": small if huge else check_dims,
+            "device": "cuda" if gpu else "cpu", "trials": 1 if huge else 2, "target": profile.name,
             "compile_dims": compile_dims, "baselines": baselines, "compile_baseline": compile_baseline}
 
 
@@ -231,7 +239,8 @@ def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareP
     if best_ms is not None and not verdict["time_ms"] < best_ms:
         verdict["guard"] = {"skipped": f"not faster than the best draft ({best_ms:.4f} ms): it cannot become the result"}
         return verdict
-    guard = guard_verdict(spec, source, job["dims"], gpu, timeout_s)
+    guard = guard_verdict(spec, source, job["guard_dims"], gpu, timeout_s)
+    guard["dims"] = job["guard_dims"]
     if not guard["accepted"]:
         failure = _guard_failure(verdict, guard)
         failure["stderr_tail"] = guard.pop("stderr_tail")
