@@ -94,7 +94,7 @@ class Collector:
         self.counts: collections.Counter = collections.Counter()
         self.measured = self.restarts = 0
         self._pool = None
-        self.measure_s = 0.0
+        self.start = time.monotonic()
 
     # -- rows -----------------------------------------------------------------------------
     def row(self, entry: SpecEntry, config: dict, resources: dict | None, legal: bool, stage: str,
@@ -155,9 +155,7 @@ class Collector:
             by_key[key] = (cfg, legal, res["resources"])
             items.append({"key": key, "source": res["source"], "dims": dict(dims)})
         if items:
-            start = time.monotonic()
             results, why = measurer.measure(entry.spec.to_dict(), items, deadline)
-            self.measure_s += time.monotonic() - start
             self.measured += len(results)
             if why:
                 print(f"  {len(items) - len(results)} configs left unmeasured: {why}", flush=True)
@@ -167,13 +165,15 @@ class Collector:
         return rows
 
     def per_config_s(self) -> float:
-        guess = PLAN_MEASURE_S if self.on_gpu else 3.0
-        return self.measure_s / self.measured if self.measured >= 20 else guess
+        """Wall seconds per compiled config so far (compiles, waits and measuring), or a guess."""
+        if self.measured >= 20:
+            return (time.monotonic() - self.start) / self.measured
+        return PLAN_MEASURE_S if self.on_gpu else 3.0
 
     # -- the run --------------------------------------------------------------------------
     def run(self, entries: list[SpecEntry]) -> int:
         a = self.args
-        start = time.monotonic()
+        start = self.start = time.monotonic()
         budget_end, deadline = start + a.budget_s, start + a.budget_s + DEADLINE_GRACE_S
         measurer = Measurer("cuda" if self.on_gpu else "cpu", interpret=not self.on_gpu,
                             item_timeout_s=a.config_timeout_s, setup_timeout_s=a.setup_timeout_s,
@@ -295,7 +295,7 @@ def parse_args(argv=None):
     p.add_argument("--config-timeout-s", type=float, default=None, help="per config (default 30 on a GPU, "
                    "300 in the interpreter)")
     p.add_argument("--setup-timeout-s", type=float, default=300.0, help="a spec's inputs and float64 truth")
-    p.add_argument("--compile-timeout-s", type=float, default=300.0)
+    p.add_argument("--compile-timeout-s", type=float, default=120.0)
     p.add_argument("--warmup-ms", type=float, default=5.0)
     p.add_argument("--rep-ms", type=float, default=25.0)
     return p.parse_args(argv)
@@ -317,7 +317,9 @@ def main(argv=None) -> int:
         print(f"unknown families {', '.join(unknown)}; the catalog has {', '.join(families())}", file=sys.stderr)
         return 2
     entries = all_specs(names, args.specs_per_family, args.seed, int(args.max_gib * 2**30))
-    done = dataset.done_keys(dataset.load(args.out), gpu, on_cpu=not on_gpu)
+    # resume from this run's folder and the repository's dataset (a device run writes elsewhere)
+    folders = {Path(p).resolve() for p in (args.out, dataset.DEFAULT_DIR)}
+    done = dataset.done_keys(dataset.load(sorted(folders)), gpu, on_cpu=not on_gpu)
     if args.plan:
         return plan(entries, args, hw, gpu, done)
     return Collector(args, on_gpu, hw, gpu, done).run(entries)

@@ -3,7 +3,8 @@
 Specs start from the project's benchmark requests in words (every `*_TASKS` list of bench.tasks,
 read by the rule parser) and KernelBench's level-1 convs (bench.conv.TASKS), and grow by
 rescaling dims (powers of two and odd sizes, up and down) and switching dtype; each is validated
-by its family and shrunk until its tensors fit `max_bytes`.  A family's output dims that follow
+by its family and shrunk until its tensors fit `max_bytes` (and the tensors its float64 reference
+holds at once, tracked on meta tensors, TRUTH_FACTOR times that).  A family's output dims that follow
 from its input dims (a conv's, a pool's) are derived again by the family module's
 `output_dims(op, dims, params)`, where it has one.  Each family gets the same number of specs,
 about HELDOUT_FRACTION of them in the held-out set (dataset.split_of decides per spec key).
@@ -28,6 +29,9 @@ from mtmc.policy.actions import config_key, legal_actions
 from mtmc.policy.dataset import HELDOUT_FRACTION, split_of
 
 MAX_BYTES = 2 * 2**30
+# the float64 truth's tensors may take this many times the inputs' cap at once (attention's score
+# matrices); more would not fit beside the inputs and their copies on the GPU
+TRUTH_FACTOR = 20
 MASKED_SAMPLE = 0.05
 POW2_FACTORS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 2, 4)
 
@@ -59,6 +63,52 @@ def _derive(spec: KernelSpec) -> tuple[set[str], callable]:
         return set(), None
 
 
+def truth_bytes(spec: KernelSpec) -> int:
+    """Peak bytes of the tensors the float64 reference and error scale hold at once (what the
+    truth needs on the device beside the inputs), tracked on meta tensors; 0 when they cannot run
+    there (data-dependent ops)."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from mtmc.kernels.task import task_of
+    from mtmc.tools.correctness import concrete_shape, reference_namespace
+    from mtmc.tools.loader import torch_dtype
+    task = task_of(spec)
+    live, peak = [0], [0]
+
+    def freed(n: int) -> None:
+        live[0] -= n
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and not t._is_view():
+                    n = t.numel() * t.element_size()
+                    live[0] += n
+                    peak[0] = max(peak[0], live[0])
+                    weakref.finalize(t, freed, n)
+            return out
+
+    def meta(a):
+        dtype = torch_dtype(a["dtype"])
+        return torch.empty(concrete_shape(a["shape"], task["dims"], a.get("groups", 1)),
+                           dtype=torch.float64 if dtype.is_floating_point else dtype, device="meta")
+    try:
+        ns = reference_namespace(task)
+        xs = [meta(a) for a in task["inputs"]]
+        with Track():
+            ref = ns["reference"](*xs)
+            scale = ns["error_scale"](*xs) if "error_scale" in ns else None
+            del ref, scale
+    except Exception:
+        return 0
+    return peak[0]
+
+
 def _valid(spec: KernelSpec, max_bytes: int) -> KernelSpec | None:
     """The spec, its derived dims recomputed, if its family serves it and it fits; else None."""
     derived, fn = _derive(spec)
@@ -67,12 +117,16 @@ def _valid(spec: KernelSpec, max_bytes: int) -> KernelSpec | None:
             spec = spec.with_dims(**fn(spec.op, spec.dims, spec.params))
         fam = family_of(spec)
         fam.validate(spec)
-        if min(spec.dims.values()) < 1 or fam.tensor_bytes(spec) > max_bytes:
+        if min(spec.dims.values()) < 1 or _too_big(spec, max_bytes):
             return None
         fam.config_space(spec)
         return spec
     except Exception:
         return None
+
+
+def _too_big(spec: KernelSpec, max_bytes: int) -> bool:
+    return family_of(spec).tensor_bytes(spec) > max_bytes or truth_bytes(spec) > TRUTH_FACTOR * max_bytes
 
 
 def fit(spec: KernelSpec, max_bytes: int) -> KernelSpec | None:
@@ -83,11 +137,11 @@ def fit(spec: KernelSpec, max_bytes: int) -> KernelSpec | None:
         if ok is not None:
             return ok
         try:
-            small_enough = family_of(spec).tensor_bytes(spec) <= max_bytes
+            size_problem = _too_big(spec, max_bytes)
         except Exception:
             return None
         free = {k: v for k, v in spec.dims.items() if k not in derived and v > 1}
-        if small_enough or not free:   # not a size problem: the family refuses it
+        if not size_problem or not free:   # the family refuses it for another reason
             return None
         big = max(free, key=free.get)
         spec = spec.with_dims(**{big: max(1, free[big] // 2)})

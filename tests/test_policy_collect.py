@@ -114,7 +114,7 @@ def test_measurer_survives_wrong_raising_hanging_and_input_changing_configs():
         "after": good,
     }
     items = [{"key": k, "source": s, "dims": dict(spec.dims)} for k, s in sources.items()]
-    m = Measurer("cpu", interpret=True, item_timeout_s=10, setup_timeout_s=120)
+    m = Measurer("cpu", interpret=True, item_timeout_s=6, setup_timeout_s=120)
     try:
         rows, why = m.measure(spec.to_dict(), items)
     finally:
@@ -145,8 +145,8 @@ def test_tiny_cpu_collection_writes_every_field_and_resumes(tmp_path, monkeypatc
     monkeypatch.setattr(collect, "configs_for", configs_with_plants)
     monkeypatch.setattr(collect, "masked", fake_mask)
     monkeypatch.setattr(collect, "sample_masked", lambda spec_key, ck, seed: '"BLOCK": 512' in ck)
-    argv = ["--cpu", "--families", "elementwise,reduction", "--specs-per-family", "1", "--max-configs", "2",
-            "--workers", "2", "--budget-s", "300", "--out", str(tmp_path)]
+    argv = ["--cpu", "--families", "elementwise,reduction", "--specs-per-family", "1", "--max-configs", "1",
+            "--workers", "1", "--budget-s", "300", "--out", str(tmp_path)]
     assert collect.main(argv) == 0
     rows = dataset.load(tmp_path)
     assert len(list(tmp_path.glob("*-cpu-*.jsonl.gz"))) == 1
@@ -162,7 +162,7 @@ def test_tiny_cpu_collection_writes_every_field_and_resumes(tmp_path, monkeypatc
     assert by[1, 16384]["stage"] == "masked" and not by[1, 16384]["legal"] and by[1, 16384]["resources"]["regs"] is None
     assert by[1, 512]["stage"] == "ok" and not by[1, 512]["legal"] and by[1, 512]["resources"]["regs"]
     ok = [r for r in rows if r["stage"] == "ok" and r["legal"]]
-    assert len(ok) >= 3 and all(r["resources"]["regs"] and r["resources"]["threads"] for r in ok)
+    assert len(ok) >= 2 and all(r["resources"]["regs"] and r["resources"]["threads"] for r in ok)
     first = capsys.readouterr().out
     assert "configs/s" in first and "elementwise" in first
     # resume: everything is in the folder already, so a second run adds nothing
