@@ -82,14 +82,14 @@ class Prepared:
 
 
 class Collector:
-    def __init__(self, args, on_gpu: bool, hw, gpu: str, done: set):
-        self.args, self.on_gpu, self.hw, self.gpu, self.done = args, on_gpu, hw, gpu, done
+    def __init__(self, args, device_name: str | None, hw, gpu: str, done: set):
+        """device_name: torch's name of the GPU that measures, or None: the interpreter, unmeasured."""
+        self.args, self.on_gpu, self.hw, self.gpu, self.done = args, device_name is not None, hw, gpu, done
         self.run_id = secrets.token_hex(4)
         self.date = dt.datetime.now(dt.timezone.utc).date().isoformat()
-        import torch
-        self.meta = {"gpu": gpu, "device_name": torch.cuda.get_device_name(0) if on_gpu else "cpu",
-                     "date": self.date, "versions": versions(), "run": self.run_id}
-        token = gpu if on_gpu else "cpu"
+        self.meta = {"gpu": gpu, "device_name": device_name or "cpu", "date": self.date, "versions": versions(),
+                     "run": self.run_id}
+        token = gpu if self.on_gpu else "cpu"
         self.path = Path(args.out) / dataset.file_name(self.date, token, self.run_id)
         self.counts: collections.Counter = collections.Counter()
         self.measured = self.restarts = 0
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     done = dataset.done_keys(dataset.load(sorted(folders)), gpu, on_cpu=not on_gpu)
     if args.plan:
         return plan(entries, args, hw, gpu, done)
-    return Collector(args, on_gpu, hw, gpu, done).run(entries)
+    return Collector(args, torch.cuda.get_device_name(0) if on_gpu else None, hw, gpu, done).run(entries)
 
 
 if __name__ == "__main__":

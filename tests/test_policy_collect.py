@@ -176,3 +176,50 @@ def test_plan_counts_without_compiling(capsys):
                          "--out", "/nonexistent-policy-data"]) == 0
     out = capsys.readouterr().out
     assert "matmul" in out and "scan" in out and "covers about" in out
+
+
+class _FakePool:
+    """Compiles nothing: every config 'compiles' to a placeholder source with fixed resources."""
+
+    def apply_async(self, fn, args):
+        class Done:
+            def get(self, timeout=None):
+                return {"source": f"# {args[1]}", "error": None,
+                        "resources": {"regs": 32, "spills": 0, "smem": 0, "threads": 128, "occupancy": 1.0}}
+        return Done()
+
+    def terminate(self):
+        pass
+
+
+class _FakeGpuMeasurer:
+    """Stands in for the measuring process on a GPU: every config 'ran' in 0.01 ms per place."""
+    seen: list = []
+
+    def __init__(self, device, interpret, **options):
+        self.device, self.interpret, self.restarts = device, interpret, 0
+
+    def measure(self, spec, items, deadline=None):
+        _FakeGpuMeasurer.seen.append((self.device, self.interpret, spec, [it["dims"] for it in items]))
+        return {it["key"]: {"stage": "ok", "error": None, "ms": 0.01 * (i + 1)} for i, it in enumerate(items)}, None
+
+    def stop(self):
+        pass
+
+
+def test_gpu_run_bookkeeping_full_dims_measured_rows_and_budget(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(collect, "Measurer", _FakeGpuMeasurer)
+    monkeypatch.setattr(collect.Collector, "pool", lambda self: _FakePool())
+    entries = all_specs(["elementwise", "scan"], 2, seed=0)
+    args = collect.parse_args(["--out", str(tmp_path), "--max-configs", "4"])
+    assert collect.Collector(args, "NVIDIA H200", H200, "h200", set()).run(entries) == 0
+    rows = dataset.load(tmp_path)
+    assert len(rows) == 16 and len(list(tmp_path.glob("*-h200-*.jsonl.gz"))) == 1
+    assert all(r["measured"] and r["ms"] > 0 and r["device_name"] == "NVIDIA H200" for r in rows)
+    for device, interpret, spec, dims in _FakeGpuMeasurer.seen:   # real size on the GPU, no interpreter
+        assert device == "cuda" and not interpret and all(d == spec["dims"] for d in dims)
+    # a budget too small for the next spec starts none
+    done = dataset.done_keys(tmp_path, "h200")
+    args = collect.parse_args(["--out", str(tmp_path), "--max-configs", "8", "--budget-s", "0.1"])
+    assert collect.Collector(args, "NVIDIA H200", H200, "h200", done).run(entries) == 0
+    assert len(dataset.load(tmp_path)) == 16 and "stopped: the budget is near" in capsys.readouterr().out
