@@ -5,8 +5,9 @@
                           [--out bench/data/policy] [--seed 0] [--plan]
 
 Specs and configs come from bench.collect_specs (every catalog family, the same number each).
-A spawned pool renders and compiles the configs of the next specs offline for this GPU's target
-(their resources) while one measuring process times the current spec's (bench.collect_workers):
+A spawned pool renders and compiles the configs of the next specs offline for this GPU's target at
+the spec's real dims (their resources) while one measuring process times the current spec's
+(bench.collect_workers):
 inputs and float64 truth once per spec, then per config one checked launch and do_bench's median.
 Configs the resource model masks are recorded as "masked" unmeasured, except a seeded 5 %.
 Each spec's rows are appended to bench/data/policy/<date>-<gpu>-<run>.jsonl.gz at once
@@ -133,9 +134,11 @@ class Collector:
             if why and not sample_masked(spec.key(), ck, a.seed):
                 prep.rows.append(self.row(entry, cfg, None, False, "masked", why[:300]))
                 continue
+            # compiled at the real dims (placeholders are never touched): the small check dims can
+            # specialize differently (other registers for reductions, norms, convs), and on a GPU the
+            # launch then finds this very compile in Triton's cache
             dims = spec.dims if self.on_gpu else fam.check_dims(spec, cfg)
-            compile_dims = fam.check_dims(spec, cfg)   # the project's compile dims: small, same alignment
-            job = self.pool().apply_async(compile_job, (spec.to_dict(), cfg, compile_dims, self.hw.to_dict()))
+            job = self.pool().apply_async(compile_job, (spec.to_dict(), cfg, spec.dims, self.hw.to_dict()))
             prep.compiles.append((cfg, why is None, dims, job))
         return prep
 
