@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 
-import pytest
-
 from bench import collect
 from bench.collect_specs import all_specs, base_specs, configs_for, masked
 from bench.collect_workers import Measurer
@@ -101,30 +99,39 @@ def test_the_resource_model_masks_what_cannot_run():
 
 
 # -- measuring ----------------------------------------------------------------------------
-def test_measurer_survives_wrong_raising_hanging_and_input_changing_configs():
+def test_measurer_survives_wrong_raising_crashing_poisoning_and_hanging_configs():
     spec = parse_request("relu on a 4x8 fp32 tensor").spec
     fam = family_of(spec)
     good = fam.render(spec, fam.default_config(spec, H200))
+    # a CUDA error that breaks the context, as the measuring process sees it: its check says so
+    poison = ("import sys\n"
+              "def launch(x, out):\n"
+              "    sys.modules['bench.collect_workers'].SpecBench.broken = lambda self: True\n"
+              "    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n")
     sources = {
         "good": good,
         "zeros": "def launch(x, out):\n    out.zero_()\n",
         "raises": "def launch(x, out):\n    raise RuntimeError('boom')\n",
         "clobbers": "def launch(x, out):\n    out.copy_(x.clamp(min=0))\n    x.zero_()\n",
+        "crashes": "import os\ndef launch(x, out):\n    os._exit(7)\n",
+        "after_crash": good,
+        "poisons": poison,
+        "after_poison": good,
         "hangs": "import time\ndef launch(x, out):\n    time.sleep(120)\n",
-        "after": good,
     }
     items = [{"key": k, "source": s, "dims": dict(spec.dims)} for k, s in sources.items()]
-    m = Measurer("cpu", interpret=True, item_timeout_s=6, setup_timeout_s=120)
+    m = Measurer("cpu", interpret=True, item_timeout_s=5, setup_timeout_s=120)
     try:
         rows, why = m.measure(spec.to_dict(), items)
     finally:
         m.stop()
     assert why is None
     stages = {k: r["stage"] for k, r in rows.items()}
-    assert stages == {"good": "ok", "zeros": "wrong", "raises": "wrong", "clobbers": "wrong",
-                      "hangs": "timeout", "after": "ok"}, rows
+    assert stages == {"good": "ok", "zeros": "wrong", "raises": "wrong", "clobbers": "wrong", "crashes": "wrong",
+                      "after_crash": "ok", "poisons": "wrong", "after_poison": "ok", "hangs": "timeout"}, rows
     assert "boom" in rows["raises"]["error"] and "input 0 was modified" in rows["clobbers"]["error"]
-    assert m.restarts == 1 and rows["good"]["ms"] is None   # no timing without a GPU
+    assert "exit code 7" in rows["crashes"]["error"] and "illegal memory access" in rows["poisons"]["error"]
+    assert m.restarts == 3 and rows["good"]["ms"] is None   # no timing without a GPU
 
 
 def test_tiny_cpu_collection_writes_every_field_and_resumes(tmp_path, monkeypatch, capsys):
