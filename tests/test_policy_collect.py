@@ -134,6 +134,27 @@ def test_measurer_survives_wrong_raising_crashing_poisoning_and_hanging_configs(
     assert m.restarts == 3 and rows["good"]["ms"] is None   # no timing without a GPU
 
 
+def test_gpu_timing_path_do_bench_or_one_run_for_slow_configs(monkeypatch):
+    """The measuring process's GPU branch with the CUDA calls stood in for: do_bench's median for
+    a normal config, one timed run for one whose first launch was slow."""
+    from bench import collect_workers
+    from mtmc.tools import correctness, timing
+    spec = parse_request("relu on a 4x8 fp32 tensor").spec
+    bench = collect_workers.SpecBench(spec.to_dict(), "cpu", 5, 25)
+    bench.inputs(spec.dims)              # drawn here on the host, then used as if on the GPU
+    bench.device, bench._sync = "cuda", lambda: None
+    real_poisoned = correctness.poisoned_output
+    monkeypatch.setattr(correctness, "poisoned_output", lambda task, dims, device: real_poisoned(task, dims, "cpu"))
+    calls = []
+    monkeypatch.setattr(timing, "bench_ms", lambda fn, warmup_ms, rep_ms: calls.append((warmup_ms, rep_ms)) or 0.25)
+    monkeypatch.setattr(collect_workers, "once_ms", lambda fn: 400.0)
+    fast = "def launch(x, out):\n    out.copy_(x.clamp(min=0))\n"
+    slow = "import time\ndef launch(x, out):\n    time.sleep(0.6)\n    out.copy_(x.clamp(min=0))\n"
+    assert bench.measure(fast, dict(spec.dims)) == {"stage": "ok", "error": None, "ms": 0.25, "poisoned": False}
+    assert calls == [(5, 25)]
+    assert bench.measure(slow, dict(spec.dims))["ms"] == 400.0 and len(calls) == 1
+
+
 def test_tiny_cpu_collection_writes_every_field_and_resumes(tmp_path, monkeypatch, capsys):
     planted = {"compile": {"num_warps": 3},            # Triton refuses: not a power of two
                "masked": {"BLOCK": 16384, "num_warps": 1},   # the mask says no: recorded unmeasured
