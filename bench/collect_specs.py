@@ -16,7 +16,6 @@ it is small enough, else that many random points.  The roofline model's resource
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import sys
@@ -26,7 +25,7 @@ from mtmc.kernels.catalog import families, family_of
 from mtmc.kernels.estimate import estimate_time
 from mtmc.kernels.spec import DTYPES, KernelSpec
 from mtmc.policy.actions import config_key, legal_actions
-from mtmc.policy.dataset import HELDOUT_FRACTION, split_of
+from mtmc.policy.dataset import HELDOUT_FRACTION, split_of, unit
 
 MAX_BYTES = 2 * 2**30
 # the float64 truth's tensors may take this many times the inputs' cap at once (attention's score
@@ -215,11 +214,6 @@ def all_specs(names: list[str] | None, n: int, seed: int, max_bytes: int = MAX_B
 
 
 # -- configs ------------------------------------------------------------------------------
-def unit(*parts) -> float:
-    """A seeded number in [0, 1) for the parts given (stable across processes and runs)."""
-    return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) / 2**32
-
-
 def _random_configs(space: dict, base: dict, count: int, rng: random.Random) -> list[dict]:
     size = math.prod(len(v) for v in space.values())
     if size <= count:   # the whole product

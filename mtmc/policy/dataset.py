@@ -61,15 +61,15 @@ def no_resources() -> dict:
     return dict.fromkeys(RESOURCE_FIELDS)
 
 
-def split_hash(spec_key: str) -> float:
-    """A spec's place in [0, 1), fixed by its key alone (so every run and machine agrees)."""
-    return int(hashlib.sha1(f"split:{spec_key}".encode()).hexdigest()[:8], 16) / 2**32
+def unit(*parts) -> float:
+    """A number in [0, 1) fixed by the parts alone (the same in every process, run and machine)."""
+    return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) / 2**32
 
 
 def split_of(spec_key: str) -> str:
     """"heldout" for about HELDOUT_FRACTION of spec keys, else "train"; all of one spec's rows
     share it.  (The collector also balances each family's specs over the two sets.)"""
-    return "heldout" if split_hash(spec_key) < HELDOUT_FRACTION else "train"
+    return "heldout" if unit("split", spec_key) < HELDOUT_FRACTION else "train"
 
 
 def file_name(date: str, gpu: str, run: str) -> str:
