@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import random
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from mtmc.kernels.catalog import families, family_of
 from mtmc.kernels.estimate import estimate_time
@@ -51,7 +52,7 @@ def base_specs() -> list[KernelSpec]:
     return out
 
 
-def _derive(spec: KernelSpec) -> tuple[set[str], callable]:
+def _derive(spec: KernelSpec) -> tuple[set[str], Callable | None]:
     """The dims the family derives from the others, and the function that derives them."""
     fn = getattr(sys.modules[type(family_of(spec)).__module__], "output_dims", None)
     if fn is None:
@@ -169,8 +170,7 @@ def variant(base: KernelSpec, rng: random.Random, max_bytes: int) -> KernelSpec 
 @dataclass
 class SpecEntry:
     spec: KernelSpec
-    set: str
-    configs: list[dict] = field(default_factory=list)
+    set: str   # "train" | "heldout"
 
 
 def family_specs(name: str, n: int, seed: int, bases: list[KernelSpec], max_bytes: int = MAX_BYTES) -> list[SpecEntry]:
