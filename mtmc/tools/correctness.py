@@ -115,15 +115,22 @@ def judge(dtype: str, out, ref, scale) -> tuple[bool, str, float, float]:
     return True, "matches the float64 reference", max_abs, max_rel
 
 
-def _reference_verdict(ns: dict, task: dict, out, inputs, where) -> tuple[bool, str, float, float]:
-    """The family's float64 reference (or its own compare) on `where`."""
+def truth_judge(ns: dict, task: dict, inputs, where):
+    """judge(out) -> verdict against the family's float64 reference (or its own compare) of
+    `inputs` on `where`; the truth is computed once, so many outputs of the same inputs (the
+    configs of one spec) pay for it once."""
     import torch
     x64 = [x.to(where, torch.float64) if x.is_floating_point() else x.to(where) for x in inputs]
     if "compare" in ns:
-        return ns["compare"](out.to(where), *x64)
+        return lambda out: ns["compare"](out.to(where), *x64)
     ref = ns["reference"](*x64)
     scale = ns["error_scale"](*x64) if "error_scale" in ns else ref.abs()
-    return judge(task["dtype"], out.to(where), ref, scale)
+    return lambda out: judge(task["dtype"], out.to(where), ref, scale)
+
+
+def _reference_verdict(ns: dict, task: dict, out, inputs, where) -> tuple[bool, str, float, float]:
+    """The family's float64 reference (or its own compare) on `where`."""
+    return truth_judge(ns, task, inputs, where)(out)
 
 
 def check(task: dict, source: str, dims: dict | None = None, device: str = "cpu",

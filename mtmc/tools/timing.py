@@ -11,9 +11,9 @@ WARMUP_MS = 25
 REP_MS = 100
 
 
-def bench_ms(fn) -> float:
+def bench_ms(fn, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> float:
     from triton.testing import do_bench
-    return float(do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
 def compiled_ms(fn, inputs, mode: str = "default") -> dict:
