@@ -297,3 +297,30 @@ def test_transposed_3d_with_stride_dividing_dilation_is_right_on_the_gpu(algo):
     out = torch.full(truth.shape, float("nan"), device="cuda")
     module.launch(x, w, out=out)
     assert torch.allclose(out.double(), truth, rtol=1e-4, atol=1e-3)
+
+
+def test_split_k_partials_are_indexed_in_64_bits_when_they_pass_2_31():
+    """On the H200 (2026-12-04) an fp32 conv2d [16, 16, 256, 512] -> 128 channels with SPLIT_K=16
+    read out of bounds: the output has 2.7e8 elements, its 16 partials 4.2e9, and `split * numel`
+    was an int32 product even on the INDEX_64 path (numel < 2**31 on its own)."""
+    spec = conv_spec("conv2d", (16, 16, 256, 512), 128, 3)
+    source = CONV.render(spec, config(spec, ALGO="taps", SPLIT_K=16))
+    assert "split.to(tl.int64) * numel if INDEX_64" in source
+    assert "numel.to(tl.int64) * s if INDEX_64" in source
+    # and the launch asks for that path at this size
+    numel = 16 * 128 * 254 * 510
+    assert 16 * numel >= 2**31 > numel
+
+
+@pytest.mark.gpu
+def test_split_k_conv_past_2_31_partials_is_right_on_the_gpu():
+    import torch
+    from mtmc.tools.loader import load_source
+    spec = conv_spec("conv2d", (16, 16, 256, 512), 128, 3)
+    module = load_source(CONV.render(spec, config(spec, ALGO="taps", LAYOUT="channels_last", SPLIT_K=16,
+                                                  BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)), "c_split")
+    x, w = torch.randn(16, 16, 256, 512, device="cuda"), torch.randn(128, 16, 3, 3, device="cuda")
+    truth = torch.nn.functional.conv2d(x.double(), w.double())
+    out = torch.full(truth.shape, float("nan"), device="cuda")
+    module.launch(x, w, out=out)
+    assert torch.allclose(out.double(), truth, rtol=1e-4, atol=1e-3)

@@ -302,7 +302,10 @@ class _Render:
         if self.split > 1:
             lines += ["# fp32 partial tile; the reduction kernel sums the splits and applies the epilogue",
                       "numel = N * C_out * S_out",
-                      "tl.store(partials_ptr + split * numel + flat, acc, mask=mask)"]
+                      "# split * numel passes 2**31 long before numel does (an H200 conv with SPLIT_K=16 read",
+                      "# out of bounds): the product in 64 bits when the partials need it",
+                      "split_base = split.to(tl.int64) * numel if INDEX_64 else split * numel",
+                      "tl.store(partials_ptr + split_base + flat, acc, mask=mask)"]
             return lines
         if self.epi:
             lines.append("# epilogue on the fp32 tile")
@@ -330,7 +333,8 @@ class _Render:
                 "mask = offs < numel",
                 "x = tl.load(partials_ptr + offs, mask=mask)",
                 "for s in tl.static_range(1, SPLIT_K):",
-                "    x += tl.load(partials_ptr + s * numel + offs, mask=mask)"]
+                "    # s * numel in 64 bits when the partials pass 2**31 elements (32-bit would wrap)",
+                "    x += tl.load(partials_ptr + (numel.to(tl.int64) * s if INDEX_64 else numel * s) + offs, mask=mask)"]
         if any(is_channel_step(s) for s in self.epi):
             body.append("co = (offs // S_out) % C_out  # the output channel of each element")
         body += self._epilogue("offs", "co", "mask", "mask")
