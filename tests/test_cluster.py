@@ -191,3 +191,20 @@ def test_histories_written_on_other_hosts_are_merged_into_this_log_once(tmp_path
     assert shared.merge_from_workers(hosts) == 2
     assert shared.merge_from_workers(hosts) == 0
     assert sorted(Store().log.records()) == sorted([here.id, a.id, b.id])
+
+
+def test_the_status_tab_shows_the_configured_cluster_or_why_not(monkeypatch):
+    from distributed import LocalCluster
+    from mtmc.tools.cluster import SCHEDULER_ENV, cluster_status
+    from mtmc.ui.settings import Settings, status_markdown
+    monkeypatch.delenv(SCHEDULER_ENV, raising=False)
+    assert cluster_status() is None
+    assert "Cluster: none configured" in status_markdown(Settings(), {})
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        monkeypatch.setenv(SCHEDULER_ENV, lc.scheduler_address)
+        text = status_markdown(Settings(), {})
+        assert f"Dask: {lc.scheduler_address}, 2 worker(s), CPU only" in text
+    # nothing listens there any more: a line that says so, quickly, never an exception
+    start = time.monotonic()
+    line = cluster_status(timeout_s=1.0)
+    assert "cannot be reached" in line and time.monotonic() - start < 20

@@ -52,6 +52,28 @@ class Done:
     worker: str | None = None
 
 
+SCHEDULER_ENV = "MTMC_SCHEDULER"   # the chat's status tab shows this cluster (tcp://host:8786)
+
+
+def cluster_status(address: str | None = None, timeout_s: float = 3.0) -> str | None:
+    """One line on the configured cluster for the chat's status tab: its workers, GPUs and
+    dashboard, or why it cannot be reached; None when no cluster is configured."""
+    address = address or os.environ.get(SCHEDULER_ENV, "").strip() or None
+    if not address:
+        return None
+    try:
+        from distributed import Client
+        client = Client(address, timeout=timeout_s)
+    except ImportError:
+        return f"Dask: {address} is configured, but distributed is not installed here"
+    except Exception as exc:   # refused, timed out, a wrong address: said, not raised into the UI
+        return f"Dask: {address} cannot be reached ({type(exc).__name__}: {str(exc)[:120]})"
+    try:
+        return Engine(client, None, ClusterOptions(scheduler=address)).describe()
+    finally:
+        client.close()
+
+
 def visible_gpus() -> list[str]:
     """The GPU ids a local cluster pins its workers to: CUDA_VISIBLE_DEVICES when set (empty:
     none), else what nvidia-smi lists; none without a driver."""

@@ -84,6 +84,10 @@ def status_markdown(settings: Settings, parts: dict[str, str]) -> str:
     lines = [f"- {gpu_status()}", f"- {isolation_status()}",
              f"- Target profile: **{target}**; at most {settings.max_steps} planner steps per run",
              f"- {llm_status(settings)}"]
+    from mtmc.tools.cluster import SCHEDULER_ENV, cluster_status
+    cluster = cluster_status()
+    lines.append(f"- {cluster}" if cluster else f"- Cluster: none configured (set {SCHEDULER_ENV}=tcp://host:8786 "
+                 "to show a Dask scheduler's workers here)")
     lines += [f"- {name}: {state}" for name, state in parts.items()]
     return "\n".join(lines)
 
