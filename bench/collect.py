@@ -13,6 +13,9 @@ Configs the resource model masks are recorded as "masked" unmeasured, except a s
 Each spec's rows are appended to bench/data/policy/<date>-<gpu>-<run>.jsonl.gz at once
 (mtmc.policy.dataset), so a run cut short keeps them, and a later run skips what this GPU has.
 No new spec starts when the budget is near; the summary counts rows by family and stage.
+--gpus N (a local Dask cluster, one worker per GPU) or --scheduler ADDR splits the specs into one
+shard per GPU worker (mtmc.tools.cluster); each shard runs this command on its worker's GPU with
+its share of the compile workers and writes its own run file; a lost shard runs again and resumes.
 --cpu (and no GPU) runs the same in Triton's interpreter at the families' small check dims,
 unmeasured.  --plan prints what a run would measure within the budget, compiling nothing.
 Imports only torch, triton, numpy and mtmc's kernels / tools / policy / request: it runs on a GPU
@@ -301,14 +304,68 @@ def parse_args(argv=None):
     p.add_argument("--compile-timeout-s", type=float, default=120.0)
     p.add_argument("--warmup-ms", type=float, default=5.0)
     p.add_argument("--rep-ms", type=float, default=25.0)
+    g = p.add_argument_group("scale-out on Dask: the specs split into one shard per GPU worker")
+    g.add_argument("--gpus", type=int, help="a local Dask cluster of this many workers, one per GPU "
+                   "(CPU workers with --cpu); each runs one shard of the specs")
+    g.add_argument("--scheduler", help="an existing Dask scheduler (tcp://host:8786): one shard per GPU worker")
+    g.add_argument("--retries", type=int, default=2, help="new tries of a shard whose worker died")
+    g.add_argument("--shard", help="I/N: only every N-th spec from the I-th (what a cluster's worker runs)")
     return p.parse_args(argv)
+
+
+# -- many GPUs ------------------------------------------------------------------------------------
+
+def shard_argv(argv: list[str], i: int, n: int, workers: int) -> list[str]:
+    """The command line of shard i of n: the run's own, without the cluster's options, with its
+    share of the compile workers (the shards share the host's cores)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--gpus", "--scheduler", "--retries", "--workers", "--shard"):
+            skip = True
+            continue
+        if a.split("=", 1)[0] in ("--gpus", "--scheduler", "--retries", "--workers", "--shard"):
+            continue
+        out.append(a)
+    return [*out, "--workers", str(workers), "--shard", f"{i}/{n}"]
+
+
+def run_shard(argv: list[str]) -> dict:
+    """One shard in a cluster's worker: `python -m bench.collect ...` on the worker's GPU (its
+    CUDA_VISIBLE_DEVICES is the worker's); it writes its own run file, so no two writers share one."""
+    proc = subprocess.run([sys.executable, "-m", "bench.collect", *argv], cwd=ROOT, capture_output=True, text=True)
+    return {"rc": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
+
+
+def run_on_cluster(args, argv: list[str]) -> int:
+    """Every shard as a Dask task (a lost one runs again, resuming from what its files hold)."""
+    from mtmc.tools.cluster import ClusterOptions, Engine
+    with Engine.open(ClusterOptions(args.gpus, args.scheduler, args.retries, cpu_only=args.cpu)) as engine:
+        print(engine.describe(), flush=True)
+        gpu = engine.gpu_workers() > 0
+        n = max(1, engine.slots(gpu))
+        per = max(1, args.workers // n) if args.scheduler is None else args.workers
+        items = [(f"shard {i}/{n}", (shard_argv(argv, i, n, per),)) for i in range(n)]
+        failed = 0
+        for done in engine.map(run_shard, items, gpu=gpu):
+            ok = done.error is None and done.result["rc"] == 0
+            failed += not ok
+            why = done.error or done.result["tail"].strip().splitlines()[-1:]
+            print(f"[{done.key}] {'done' if ok else 'FAILED'} on {done.worker} after {done.attempts} tr"
+                  f"{'y' if done.attempts == 1 else 'ies'}: {why}", flush=True)
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:
     import torch
 
     from mtmc.tools.hardware import PROFILES, resolve
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if (args.gpus or args.scheduler) and not args.plan:
+        return run_on_cluster(args, argv)
     on_gpu = torch.cuda.is_available() and not args.cpu
     if args.config_timeout_s is None:
         args.config_timeout_s = 30.0 if on_gpu else 300.0
@@ -320,6 +377,9 @@ def main(argv=None) -> int:
         print(f"unknown families {', '.join(unknown)}; the catalog has {', '.join(families())}", file=sys.stderr)
         return 2
     entries = all_specs(names, args.specs_per_family, args.seed, int(args.max_gib * 2**30))
+    if args.shard:
+        i, n = (int(v) for v in args.shard.split("/"))
+        entries = entries[i::n]
     # resume from this run's folder and the repository's dataset (a device run writes elsewhere)
     folders = {Path(p).resolve() for p in (args.out, dataset.DEFAULT_DIR)}
     done = dataset.done_keys(dataset.load(sorted(folders)), gpu, on_cpu=not on_gpu)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
+
 from bench import collect
 from bench.collect_specs import all_specs, base_specs, configs_for, masked
 from bench.collect_workers import Measurer
@@ -251,3 +253,21 @@ def test_gpu_run_bookkeeping_full_dims_measured_rows_and_budget(tmp_path, monkey
     args = collect.parse_args(["--out", str(tmp_path), "--max-configs", "8", "--budget-s", "0.1"])
     assert collect.Collector(args, "NVIDIA H200", H200, "h200", done).run(entries) == 0
     assert len(dataset.load(tmp_path)) == 16 and "stopped: the budget is near" in capsys.readouterr().out
+
+
+def test_collection_shards_over_a_dask_cluster_without_losing_or_repeating_rows(tmp_path):
+    """--gpus N: one shard of the specs per worker, each writing its own run file; a second run
+    resumes from those files and measures nothing again (issue 19: collection as Dask tasks)."""
+    pytest.importorskip("distributed")
+    argv = ["--cpu", "--families", "elementwise,reduction", "--specs-per-family", "1", "--max-configs", "1",
+            "--workers", "2", "--budget-s", "300", "--out", str(tmp_path), "--gpus", "2"]
+    assert collect.shard_argv(argv, 1, 2, 1)[-4:] == ["--workers", "1", "--shard", "1/2"]
+    assert "--gpus" not in collect.shard_argv(argv, 1, 2, 1)
+    assert collect.main(argv) == 0
+    rows = dataset.load(tmp_path)
+    assert {r["family"] for r in rows} == {"elementwise", "reduction"}
+    keys = [(r["spec_key"], r["config_key"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    assert len(list(tmp_path.glob("*.jsonl.gz"))) == 2       # one file per shard
+    assert collect.main(argv) == 0
+    assert len(dataset.load(tmp_path)) == len(rows)
