@@ -259,31 +259,27 @@ def _apply(desc: dict, g: Graph, m: LinearMap, r: Reduction, steps: list[Step]) 
         if not r.keepdim:
             res = ed.add(at, "squeeze", "call_method", "squeeze", (res, 1), {}, g.tensor(r.node)[0], m.dtype)
         result = f"F.{m.kind} with the weights summed over the {m.n} output channels (one output channel)"
-    # the constant: sum_n a_n b_n + sum_n c_n (over n; / N for a mean)
-    const = None
+    # the constant: sum_n (a_n b_n + c_n) (a holds the 1 / N of a mean; c gets it here), one reduction
+    cterm = aff.mul(aff.c, 1.0 / m.n) if aff.c is not None and mean else aff.c
+    bterm = None
     if m.bias is not None:
         b = _ref(ed, at, m.bias, [m.n], m.dtype)
-        if vec:
-            ab = ed.add(at, "bscaled", "call_function", MUL, (b, a), {}, [m.n], m.dtype)
-            const = ed.add(at, "bsum", "call_function", SUM, (ab,), {}, [], m.dtype)
-        else:
-            bs = ed.add(at, "bsum", "call_function", SUM, (b,), {}, [], m.dtype)
-            const = aff.mul(bs, a) if a is not None else bs
-    if aff.c is not None:
-        cv = aff.c
-        if isinstance(cv, NodeRef) and aff.ed_shape(cv) == [m.n] and m.n != 1:
-            cs = ed.add(at, "csum", "call_function", SUM, (cv,), {}, [], m.dtype)
-            cs = aff.mul(cs, 1.0 / m.n) if mean else cs
-        else:
-            cs = cv if mean else aff.mul(cv, float(m.n))
-        const = aff.add(const, cs)
+        bterm = aff.mul(b, a) if a is not None else b
+    v = aff.add(bterm, cterm)
+    if v is None:
+        const = None
+    elif isinstance(v, NodeRef) and aff.ed_shape(v) == [m.n] and m.n != 1:
+        const = ed.add(at, "const", "call_function", SUM, (v,), {}, [], m.dtype)
+    else:   # one value for every feature
+        const = aff.mul(v, float(m.n))
     if const is not None:
         res = ed.add(at, "plus_const", "call_function", ADD, (res, const), {}, g.tensor(r.node)[0], m.dtype)
     ed.replace_uses(r.node, res)
     ed.drop_dead(had, {m.node})
-    launches = sum(1 for n in ed.made if n in {x["name"] for x in ed.nodes}
-                   and next(x for x in ed.nodes if x["name"] == n)["op"] == "call_function") - 2
-    return ed, result, max(launches, 0)
+    # kernels it adds besides the weight sum and the GEMV (or one-channel conv): the constant's
+    # reduction and the add of it (the scales fuse into those kernels)
+    launches = (1 if isinstance(const, NodeRef) and const.name.startswith("rw_const") else 0) + (1 if const is not None else 0)
+    return ed, result, launches
 
 
 def _tup(v):
