@@ -67,6 +67,9 @@ class Editor:
                 "kwargs": _encode(dict(kwargs or {})), "value": value}
         self.nodes.insert(self.index(before), node)
         self.made.append(name)
+        line_of = self.desc.setdefault("line_of", {})
+        if before in line_of:   # reports name the new node by the line of what it replaces
+            line_of[name] = line_of[before]
         return NodeRef(name)
 
     def param(self, before: str, path: str, shape, dtype: str) -> NodeRef:

@@ -99,7 +99,9 @@ def candidates(desc: dict) -> list[Candidate]:
         ed.drop_dead(had | {name}, {name})
         size = 4.0 * numel(t[0])
         after = Work(0.0, size if make in ("ones", "zeros") else 0.0, 1 if make in ("ones", "zeros") else 0)
-        found.append(Candidate(RULE, name, g.path, True, f"exact: {kind}", ops=ops, result=kind,
+        result = {"alias": "its input", "ones": "ones of its shape", "zeros": "zeros of its shape"}.get(
+            make if isinstance(make, str) else "", "its input with the size-1 dims squeezed")
+        found.append(Candidate(RULE, name, g.path, True, f"exact: {kind}", ops=ops, result=result,
                                before=Work(float(numel(t[0])), 2 * size, 1), after=after, dtype=t[1],
                                apply=ed.desc))
     return found
