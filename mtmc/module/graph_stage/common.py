@@ -85,6 +85,9 @@ def linear_map(g: Graph, name: str) -> LinearMap | None:
         x, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other", kwargs.get("mat2"))
         if isinstance(x, NodeRef) and isinstance(w, NodeRef) and g.tensor(w) and len(g.tensor(w)[0]) == 2 \
                 and g.tensor(x) and len(g.tensor(x)[0]) >= 2:
+            src = Classifier(g)._transposed(w)   # x @ W.T (W [N, K], read as nn.Linear's weight)
+            if src is not None and g.tensor(src) and len(g.tensor(src)[0]) == 2:
+                return LinearMap(name, "linear", x, src, g.tensor(src)[0], None, out[0], out[1], len(out[0]) - 1)
             return LinearMap(name, "matmul", x, w, g.tensor(w)[0], None, out[0], out[1], len(out[0]) - 1)
     if fn in CONV_FUNCTIONS:
         op, r = CONV_FUNCTIONS[fn]
