@@ -253,6 +253,11 @@ def feeding_map(g: Graph, x: NodeRef, limit: int = 8) -> tuple[LinearMap | None,
         args, _ = g.args(cur)
         refs = [a for a in args if isinstance(a, NodeRef) and g.tensor(a) is not None
                 and g.tensor(a)[0] == g.tensor(cur)[0]] if g.tensor(cur) else []
+        if len(refs) > 1:   # x * y: the map may feed either
+            for ref in refs:
+                m, more = feeding_map(g, ref, limit - len(walked))
+                if m is not None:
+                    return m, more + walked[::-1]
         if len(refs) != 1:
             return None, []
         cur = refs[0].name

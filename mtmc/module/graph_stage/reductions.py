@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from mtmc.module.fx_ops import Graph, NodeRef, q
 from mtmc.module.graph_stage.common import (
-    EXACT_DTYPES, LinearMap, Reduction, Step, chain_step, feeding_map, reduction, walk_chain,
+    EXACT_DTYPES, LinearMap, Reduction, Step, _inplace, chain_step, feeding_map, reduction, walk_chain,
 )
 from mtmc.module.graph_stage.edit import Editor, numel, readers
 from mtmc.module.graph_stage.records import Candidate, Work
@@ -158,6 +158,10 @@ def _candidate(desc: dict, g: Graph, name: str, r) -> Candidate | None:
         return refuse(f"dtype {m.dtype}: the summed weights would be rounded to {m.dtype} before the product "
                       "(accumulation risk at the tolerance); only float32 / float64 are rewritten")
     chain = walk_chain(g, m.node, name)
+    changers = [u for w in [m.node, *walked] for u in g.users[w] if _inplace(g, u)]
+    if changers:
+        return refuse(f"an in-place op ({g.words(changers[0])}) changes a value between the linear map and the "
+                      f"{r.op}: its order with the reduction matters, so nothing is moved")
     if chain is None:
         readers_ = [u for w in [m.node, *walked] for u in g.users[w] if u not in [*walked, name]]
         return refuse(f"the value between the linear map and the {r.op} is also read by "
