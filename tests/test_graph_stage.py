@@ -185,8 +185,8 @@ def test_grouped_conv_channel_sum_is_refused(tmp_path):
 
 # -- BatchNorm folded ------------------------------------------------------------------------------
 
-def test_eval_batchnorm_folds_into_the_conv_and_follows_its_statistics(tmp_path):
-    path = MODULES / "conv_bn_eval.py"
+def test_inference_batch_norm_folds_into_the_conv_and_follows_its_statistics(tmp_path):
+    path = MODULES / "conv_bn_eval.py"   # F.batch_norm(conv(x), ..., training=False)
     cap = capture(str(path))
     (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "fold_batchnorm")
     assert c.legal and "eval mode" in c.reason
@@ -194,15 +194,38 @@ def test_eval_batchnorm_folds_into_the_conv_and_follows_its_statistics(tmp_path)
     assert "norm" not in {g.family for g in partition(edited).groups}
 
     def update(m):   # running statistics and affine parameters changed after construction
-        m.bn.running_mean.add_(0.3)
-        m.bn.running_var.mul_(1.7)
-        m.bn.weight.mul_(-2.0)
+        m.running_mean.add_(0.3)
+        m.running_var.mul_(1.7)
+        m.gamma.mul_(-2.0)
         m.conv.weight.mul_(0.5)
-    a, b, new, inputs, _ = _both(tmp_path / "conv_bn_eval.py", path.read_text(), edited, update=update)
+    a, b, *_ = _both(tmp_path / "conv_bn_eval.py", path.read_text(), edited, update=update)
+    _close(a, b)
+
+
+def test_eval_batchnorm_module_folds_and_asserts_eval_mode(tmp_path):
+    path = _module(tmp_path, "return self.bn(self.conv(x)) * 2.0",
+                   init="self.conv = nn.Conv2d(3, 8, 3)\nself.bn = nn.BatchNorm2d(8)\nself.bn.eval()",
+                   inputs="torch.rand(2, 3, 9, 9)")
+    cap = capture(str(path))
+    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "fold_batchnorm")
+    assert c.legal and "asserts" in c.reason, c.reason
+
+    def update(m):
+        m.bn.running_mean.add_(0.3)
+        m.bn.weight.mul_(-2.0)
+    a, b, new, inputs, _ = _both(path, path.read_text(), _with(cap, c.apply), update=update)
     _close(a, b)
     new.bn.train()   # the fold is only right in eval mode: ModelNew says so rather than compute wrongly
     with pytest.raises(Exception, match="eval"):
         new(*inputs)
+
+
+def test_training_batch_norm_call_is_refused(tmp_path):
+    path = _module(tmp_path, "return F.batch_norm(self.fc(x), self.m, self.v, training=True)",
+                   init="self.fc = nn.Linear(16, 8)\nself.register_buffer('m', torch.zeros(8))\n"
+                        "self.register_buffer('v', torch.ones(8))")
+    (c,) = _by_rule(graph_stage.candidates(capture(str(path))["graphs"][0]), "fold_batchnorm")
+    assert not c.legal and "training-mode BatchNorm uses batch statistics" in c.reason
 
 
 def test_eval_batchnorm_after_linear_folds(tmp_path):

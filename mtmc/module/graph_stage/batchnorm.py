@@ -2,6 +2,8 @@
 
     bn(conv(x, W, b))  ->  conv(x, W * s, (b - mean) * s + beta),   s = gamma / sqrt(var + eps)
 
+for nn.BatchNorm1d/2d/3d modules in eval mode and F.batch_norm(..., training=False) calls
+
 with s computed in ModelNew.forward from the live parameters and running statistics on every
 call (so ModelNew takes Model's state_dict and follows updates), and an assertion that the
 BatchNorm is still in eval mode (module.train() afterwards would make the fold wrong).  Refused:
@@ -18,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtmc.module.fx_ops import Graph, NodeRef, _cls, q
+from mtmc.module.fx_ops import Graph, NodeRef, _arg, _cls, q
 from mtmc.module.graph_stage.common import EXACT_DTYPES, linear_map
 from mtmc.module.graph_stage.edit import Editor, numel, readers
 from mtmc.module.graph_stage.records import Candidate, Work
@@ -38,32 +40,53 @@ def candidates(desc: dict) -> list[Candidate]:
     g = Graph(desc)
     out = []
     for n in g.nodes:
-        if n["op"] != "call_module" or g.modules.get(n["target"], {}).get("type") not in BATCH_NORMS:
-            continue
-        c = _candidate(desc, g, n["name"])
-        if c is not None:
-            out.append(c)
+        bn = _batch_norm(g, n["name"])
+        if bn is not None:
+            c = _candidate(desc, g, n["name"], bn)
+            if c is not None:
+                out.append(c)
     return out
 
 
-def _candidate(desc: dict, g: Graph, name: str) -> Candidate | None:
+def _batch_norm(g: Graph, name: str) -> dict | None:
+    """{x, training, tracked, eps, refs (running_mean, running_var, weight, bias: a NodeRef, a
+    parameter path or None), module} of a BatchNorm call, None for anything else."""
     n = g.by_name[name]
-    target = n["target"]
-    info = g.modules[target]
-    attrs, params = info.get("attrs", {}), info.get("params", {})
-    args, _ = g.args(name)
-    x = args[0] if args else None
+    args, kwargs = g.args(name) if n["op"].startswith("call_") else ((), {})
+    if n["op"] == "call_module" and g.modules.get(n["target"], {}).get("type") in BATCH_NORMS:
+        target = n["target"]
+        info = g.modules[target]
+        attrs, params = info.get("attrs", {}), info.get("params", {})
+        refs = {k: f"{target}.{k}" if k in params else None for k in ("running_mean", "running_var", "weight", "bias")}
+        return {"x": args[0] if args else None, "training": attrs.get("training", True),
+                "tracked": attrs.get("track_running_stats", True) and "running_mean" in params,
+                "eps": attrs.get("eps", 1e-5), "refs": refs, "module": target}
+    if n["op"] == "call_function" and n["target"] == q(F.batch_norm):
+        refs = {k: _arg(args, kwargs, i, k) for i, k in ((1, "running_mean"), (2, "running_var"), (3, "weight"),
+                                                         (4, "bias"))}
+        training = _arg(args, kwargs, 5, "training", False)
+        return {"x": args[0] if args else None, "training": training,
+                "tracked": isinstance(refs["running_mean"], NodeRef) and isinstance(refs["running_var"], NodeRef),
+                "eps": _arg(args, kwargs, 7, "eps", 1e-5), "refs": refs, "module": None}
+    return None
+
+
+def _candidate(desc: dict, g: Graph, name: str, bn: dict) -> Candidate | None:
+    x = bn["x"]
     m = linear_map(g, x.name) if isinstance(x, NodeRef) else None
     if m is None:
         return None
     ops = [g.words(m.node), g.words(name)]
     refuse = lambda why: Candidate(RULE, name, g.path, False, why, ops=ops)   # noqa: E731
-    if attrs.get("training", True):
+    if bn["training"] is not False:
         return refuse("training-mode BatchNorm uses batch statistics (the mean and variance of each batch, "
                       "and it updates its running statistics): it cannot be folded into fixed weights; only a "
-                      "BatchNorm in eval mode (module.eval()) folds")
-    if not attrs.get("track_running_stats", True) or "running_mean" not in params:
+                      "BatchNorm in eval mode (module.eval(), or F.batch_norm with training=False) folds")
+    if not bn["tracked"]:
         return refuse("a BatchNorm without running statistics normalizes with batch statistics even in eval mode")
+    if not isinstance(bn["eps"], (int, float)) or any(
+            v is not None and not isinstance(v, (NodeRef, str)) for v in bn["refs"].values()):
+        return refuse("a BatchNorm whose eps or statistics are not plain tensors")
     if m.dtype not in EXACT_DTYPES:
         return refuse(f"dtype {m.dtype}: the folded weights would be rounded to {m.dtype}")
     if g.users[m.node] != [name]:
@@ -73,35 +96,38 @@ def _candidate(desc: dict, g: Graph, name: str) -> Candidate | None:
                       "linear map's features")
     if m.conv is not None and (m.conv.get("padding_mode") or "zeros") != "zeros":
         return refuse(f"padding_mode {m.conv.get('padding_mode')!r}: only zero padding is rebuilt as F.{m.kind}")
-    ed, launches = _apply(desc, g, name, target, attrs, params, m)
+    ed, launches = _apply(desc, g, name, bn, m)
     out_bytes = 4.0 * numel(m.out_shape)
     before = Work(4.0 * numel(m.out_shape), 2 * out_bytes, 1)
     after = Work(2.0 * numel(m.weight_shape), 8.0 * numel(m.weight_shape), launches)
     return Candidate(RULE, name, g.path, True,
                      f"exact: {g.words(name)} is in eval mode, so it is a fixed per-channel scale and shift "
                      f"of {g.words(m.node)}'s output, which folds into its weights and bias; they are computed "
-                     "from the live parameters and running statistics on every call, and ModelNew asserts the "
-                     "BatchNorm is still in eval mode",
+                     "from the live parameters and running statistics on every call"
+                     + (", and ModelNew asserts the BatchNorm is still in eval mode" if bn["module"] else ""),
                      ops=ops, result=f"{m.kind} with folded weights", before=before, after=after, dtype=m.dtype,
                      apply=ed.desc)
 
 
-def _apply(desc, g: Graph, name: str, target: str, attrs: dict, params: dict, m) -> tuple[Editor, int]:
+def _apply(desc, g: Graph, name: str, bn: dict, m) -> tuple[Editor, int]:
     ed = Editor(desc)
     had = readers(desc)
     dt, c = m.dtype, m.n
 
     def p(k):
-        return ed.param(name, f"{target}.{k}", params[k]["shape"], dt)
+        ref = bn["refs"][k]
+        return ref if isinstance(ref, NodeRef) else ed.param(name, ref, [c], dt)
 
-    # ModelNew refuses to run the fold once the BatchNorm is put back in training mode
-    flag = ed.add(name, "bn_training", "get_attr", f"{target}.training", (), {}, None, dt, scalar=False)
-    ok = ed.add(name, "bn_eval", "call_function", q(operator.not_), (flag,), {}, None, dt, scalar=True)
-    ed.add(name, "bn_assert", "call_function", q(torch._assert),
-           (ok, f"ModelNew folded {target} in eval mode into the weights; call eval() on it"), {}, None, dt, scalar=None)
-    var_eps = ed.add(name, "var_eps", "call_function", ADD, (p("running_var"), float(attrs.get("eps", 1e-5))), {}, [c], dt)
+    if bn["module"]:   # ModelNew refuses to run the fold once the BatchNorm is put back in training mode
+        target = bn["module"]
+        flag = ed.add(name, "bn_training", "get_attr", f"{target}.training", (), {}, None, dt, scalar=False)
+        ok = ed.add(name, "bn_eval", "call_function", q(operator.not_), (flag,), {}, None, dt, scalar=True)
+        ed.add(name, "bn_assert", "call_function", q(torch._assert),
+               (ok, f"ModelNew folded {target} in eval mode into the weights; call eval() on it"), {}, None, dt,
+               scalar=None)
+    var_eps = ed.add(name, "var_eps", "call_function", ADD, (p("running_var"), float(bn["eps"])), {}, [c], dt)
     s = ed.add(name, "bn_scale", "call_function", q(torch.rsqrt), (var_eps,), {}, [c], dt)
-    if "weight" in params:
+    if bn["refs"]["weight"] is not None:
         s = ed.add(name, "bn_scale", "call_function", MUL, (s, p("weight")), {}, [c], dt)
     w = m.weight if isinstance(m.weight, NodeRef) else ed.param(name, m.weight["attr"], m.weight_shape, dt)
     view = [1] * len(m.weight_shape)
@@ -113,7 +139,7 @@ def _apply(desc, g: Graph, name: str, target: str, attrs: dict, params: dict, m)
         b = m.bias if isinstance(m.bias, NodeRef) else ed.param(name, m.bias["attr"], [c], dt)
         shift = ed.add(name, "b_minus_mean", "call_function", SUB, (b, p("running_mean")), {}, [c], dt)
     b2 = ed.add(name, "b_folded", "call_function", MUL, (shift, s), {}, [c], dt)
-    if "bias" in params:
+    if bn["refs"]["bias"] is not None:
         b2 = ed.add(name, "b_folded", "call_function", ADD, (b2, p("bias")), {}, [c], dt)
     if m.conv is None:
         new = ed.add(name, "linear_folded", "call_function", q(F.linear), (m.x, w2, b2), {}, m.out_shape, dt)
