@@ -296,3 +296,16 @@ def test_a_graph_without_rewrites_is_left_as_captured(tmp_path):
     stage = graph_stage.run(cap)
     assert stage["captured"] is cap and not stage["applied"]
     assert stage["decisions"][-1]["action"]["kind"] == "stop"
+
+
+def test_a_why_question_about_a_rewrite_is_answered_from_the_module_records():
+    from mtmc.ui.followup import interpret
+    from mtmc.ui.module_view import fusion_answer
+    follow = interpret("why did you rewrite the sum?", None)
+    assert follow.kind == "why" and follow.fusion
+    assert interpret("why was the batchnorm not folded?", None).fusion
+    record = {"rule": "fold_batchnorm", "node": "bn", "graph": "", "ops": ["Conv2d conv", "BatchNorm2d bn"],
+              "status": "refused", "reason": "training-mode BatchNorm uses batch statistics ..."}
+    summary = {"file": "m.py", "groups": [], "torch_ops": [], "rewrites": {"applied": [], "refused": [record]}}
+    answer = fusion_answer("why was the batchnorm not folded?", summary)
+    assert "fold_batchnorm" in answer and "training-mode BatchNorm uses batch statistics" in answer
