@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mtmc.module.fx_ops import Graph, NodeRef, _arg, _cls, q
-from mtmc.module.graph_stage.common import EXACT_DTYPES, linear_map
+from mtmc.module.graph_stage.common import EXACT_DTYPES, feeding_map
 from mtmc.module.graph_stage.edit import Editor, numel, readers
 from mtmc.module.graph_stage.records import Candidate, Work
 
@@ -73,10 +73,10 @@ def _batch_norm(g: Graph, name: str) -> dict | None:
 
 def _candidate(desc: dict, g: Graph, name: str, bn: dict) -> Candidate | None:
     x = bn["x"]
-    m = linear_map(g, x.name) if isinstance(x, NodeRef) else None
+    m, walked = feeding_map(g, x) if isinstance(x, NodeRef) else (None, [])
     if m is None:
         return None
-    ops = [g.words(m.node), g.words(name)]
+    ops = [g.words(m.node), *(g.words(w) for w in walked), g.words(name)]
     refuse = lambda why: Candidate(RULE, name, g.path, False, why, ops=ops)   # noqa: E731
     if bn["training"] is not False:
         return refuse("training-mode BatchNorm uses batch statistics (the mean and variance of each batch, "
@@ -87,6 +87,9 @@ def _candidate(desc: dict, g: Graph, name: str, bn: dict) -> Candidate | None:
     if not isinstance(bn["eps"], (int, float)) or any(
             v is not None and not isinstance(v, (NodeRef, str)) for v in bn["refs"].values()):
         return refuse("a BatchNorm whose eps or statistics are not plain tensors")
+    if walked:
+        return refuse(f"{', '.join(g.words(w) for w in walked)} lies between {g.words(m.node)} and the BatchNorm: "
+                      "only a BatchNorm reading the map's output directly is folded")
     if m.dtype not in EXACT_DTYPES:
         return refuse(f"dtype {m.dtype}: the folded weights would be rounded to {m.dtype}")
     if g.users[m.node] != [name]:
