@@ -35,12 +35,19 @@ def _by_rule(cands, rule):
     return [c for c in cands if c.rule == rule]
 
 
+def _one(path, rule: str):
+    """(the capture of the module at `path`, its one candidate of `rule`)."""
+    cap = capture(str(path))
+    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), rule)
+    return cap, c
+
+
 def _with(cap: dict, desc: dict) -> dict:
     """The capture with its (only) graph replaced by a candidate's edited one."""
     return {**cap, "graphs": [{**desc, "rewritten": True}]}
 
 
-def _both(path, source: str, cap: dict, kernels: bool = True, seed: int = 0, update=None, eval_mode=False):
+def _both(path, source: str, cap: dict, kernels: bool = True, seed: int = 0, update=None):
     """Model and ModelNew (written from `cap`) on the same weights and inputs; `update(model)`
     runs on both after the state_dict is loaded (a parameter update after construction)."""
     part = partition(cap)
@@ -62,6 +69,13 @@ def _both(path, source: str, cap: dict, kernels: bool = True, seed: int = 0, upd
 
 def _close(a, b):
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def _matches(tmp_path, path, cap: dict, **kw):
+    """ModelNew written from `cap` computes Model's output (see _both); _both's other values."""
+    a, b, *rest = _both(tmp_path / path.name, path.read_text(), cap, **kw)
+    _close(a, b)
+    return rest
 
 
 # -- a reduction moved before the linear map ----------------------------------------------------
@@ -86,8 +100,7 @@ def test_sum_after_matmul_becomes_a_gemv_and_follows_parameter_updates(tmp_path)
 
     def update(m):   # the derived weights follow a change of the parameter after construction
         m.weight.mul_(-0.5).add_(0.01)
-    a, b, *_ = _both(tmp_path / "gemm_divide_sum.py", path.read_text(), stage["captured"], update=update)
-    _close(a, b)
+    _matches(tmp_path, path, stage["captured"], update=update)
 
 
 def test_mean_over_features_with_a_subtract_and_a_singleton_logsumexp_through_optimize(tmp_path):
@@ -132,7 +145,7 @@ def test_sum_after_linear_is_refused_with_the_reason(tmp_path, forward, why):
 def test_fp16_is_refused_for_its_accumulation(tmp_path):
     path = _module(tmp_path, "return self.fc(x).mean(-1)", init="self.fc = nn.Linear(16, 8).half()",
                    inputs="torch.rand(4, 16).half()")
-    (c,) = _by_rule(graph_stage.candidates(capture(str(path))["graphs"][0]), "reduction_before_linear")
+    _, c = _one(path, "reduction_before_linear")
     assert not c.legal and "float16" in c.reason
 
 
@@ -142,8 +155,7 @@ def test_affine_chain_with_per_feature_scale_shift_and_negation_is_exact(tmp_pat
                    "return torch.mean(y, dim=-1)",
                    init="self.fc = nn.Linear(16, 8)\nself.s = nn.Parameter(torch.randn(8))\n"
                         "self.c = nn.Parameter(torch.randn(1, 8))", inputs="torch.rand(2, 3, 16)")
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "reduction_before_linear")
+    cap, c = _one(path, "reduction_before_linear")
     assert c.legal, c.reason
     a, b, *_ = _both(path, path.read_text(), _with(cap, c.apply))
     assert b.shape == a.shape == (2, 3)
@@ -152,8 +164,7 @@ def test_affine_chain_with_per_feature_scale_shift_and_negation_is_exact(tmp_pat
 
 def test_channel_sum_after_a_conv_becomes_a_one_channel_conv(tmp_path):
     path = MODULES / "conv_bn_eval.py"
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "reduction_before_linear")
+    cap, c = _one(path, "reduction_before_linear")
     assert c.legal and "conv2d" in c.result, c.reason
     edited = _with(cap, c.apply)
     convs = [g for g in partition(edited).groups if g.family == "conv"]
@@ -161,25 +172,22 @@ def test_channel_sum_after_a_conv_becomes_a_one_channel_conv(tmp_path):
 
     def update(m):
         m.conv.bias.add_(0.25)
-    a, b, *_ = _both(tmp_path / "conv_bn_eval.py", path.read_text(), edited, update=update)
-    _close(a, b)
+    _matches(tmp_path, path, edited, update=update)
 
 
 def test_conv_transpose_channel_mean(tmp_path):
     path = _module(tmp_path, "return self.up(x).mean(dim=1) * 2.0",
                    init="self.up = nn.ConvTranspose2d(3, 6, 3, stride=2, padding=1, output_padding=1)",
                    inputs="torch.rand(2, 3, 5, 5)")
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "reduction_before_linear")
+    cap, c = _one(path, "reduction_before_linear")
     assert c.legal, c.reason
-    a, b, *_ = _both(path, path.read_text(), _with(cap, c.apply), kernels=False)
-    _close(a, b)
+    _matches(tmp_path, path, _with(cap, c.apply), kernels=False)
 
 
 def test_grouped_conv_channel_sum_is_refused(tmp_path):
     path = _module(tmp_path, "return self.conv(x).sum(1)", init="self.conv = nn.Conv2d(4, 8, 3, groups=2)",
                    inputs="torch.rand(1, 4, 6, 6)")
-    (c,) = _by_rule(graph_stage.candidates(capture(str(path))["graphs"][0]), "reduction_before_linear")
+    _, c = _one(path, "reduction_before_linear")
     assert not c.legal and "grouped" in c.reason
 
 
@@ -187,8 +195,7 @@ def test_grouped_conv_channel_sum_is_refused(tmp_path):
 
 def test_inference_batch_norm_folds_into_the_conv_and_follows_its_statistics(tmp_path):
     path = MODULES / "conv_bn_eval.py"   # F.batch_norm(conv(x), ..., training=False)
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "fold_batchnorm")
+    cap, c = _one(path, "fold_batchnorm")
     assert c.legal and "eval mode" in c.reason
     edited = _with(cap, c.apply)
     assert "norm" not in {g.family for g in partition(edited).groups}
@@ -198,16 +205,14 @@ def test_inference_batch_norm_folds_into_the_conv_and_follows_its_statistics(tmp
         m.running_var.mul_(1.7)
         m.gamma.mul_(-2.0)
         m.conv.weight.mul_(0.5)
-    a, b, *_ = _both(tmp_path / "conv_bn_eval.py", path.read_text(), edited, update=update)
-    _close(a, b)
+    _matches(tmp_path, path, edited, update=update)
 
 
 def test_eval_batchnorm_module_folds_and_asserts_eval_mode(tmp_path):
     path = _module(tmp_path, "return self.bn(self.conv(x)) * 2.0",
                    init="self.conv = nn.Conv2d(3, 8, 3)\nself.bn = nn.BatchNorm2d(8)\nself.bn.eval()",
                    inputs="torch.rand(2, 3, 9, 9)")
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "fold_batchnorm")
+    cap, c = _one(path, "fold_batchnorm")
     assert c.legal and "asserts" in c.reason, c.reason
 
     def update(m):
@@ -224,25 +229,22 @@ def test_training_batch_norm_call_is_refused(tmp_path):
     path = _module(tmp_path, "return F.batch_norm(self.fc(x), self.m, self.v, training=True)",
                    init="self.fc = nn.Linear(16, 8)\nself.register_buffer('m', torch.zeros(8))\n"
                         "self.register_buffer('v', torch.ones(8))")
-    (c,) = _by_rule(graph_stage.candidates(capture(str(path))["graphs"][0]), "fold_batchnorm")
+    _, c = _one(path, "fold_batchnorm")
     assert not c.legal and "training-mode BatchNorm uses batch statistics" in c.reason
 
 
 def test_eval_batchnorm_after_linear_folds(tmp_path):
     path = _module(tmp_path, "return torch.relu(self.bn(self.fc(x)))",
                    init="self.fc = nn.Linear(16, 8)\nself.bn = nn.BatchNorm1d(8)\nself.bn.eval()")
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "fold_batchnorm")
+    cap, c = _one(path, "fold_batchnorm")
     assert c.legal, c.reason
-    a, b, *_ = _both(path, path.read_text(), _with(cap, c.apply), update=lambda m: m.bn.running_mean.add_(1.0))
-    _close(a, b)
+    _matches(tmp_path, path, _with(cap, c.apply), update=lambda m: m.bn.running_mean.add_(1.0))
 
 
 def test_training_mode_batchnorm_is_refused(tmp_path):
     path = _module(tmp_path, "return self.bn(self.fc(x))",
                    init="self.fc = nn.Linear(16, 8)\nself.bn = nn.BatchNorm1d(8)")
-    cap = capture(str(path))
-    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), "fold_batchnorm")
+    cap, c = _one(path, "fold_batchnorm")
     assert not c.legal and "training-mode BatchNorm uses batch statistics" in c.reason
     refused = graph_stage.run(cap)["refused"]
     assert any(r["rule"] == "fold_batchnorm" and r["status"] == "refused" for r in refused)
@@ -271,8 +273,7 @@ def test_identities_are_removed_and_the_module_still_matches(tmp_path):
     assert len(stage["applied"]) >= 9
     left = {n["target"] for n in stage["captured"]["graphs"][0]["nodes"]}
     assert not {"transpose", "permute", "torch.softmax", "torch.amax"} & left
-    a, b, *_ = _both(path, path.read_text(), stage["captured"])
-    _close(a, b)
+    _matches(tmp_path, path, stage["captured"])
 
 
 @pytest.mark.parametrize("forward, why", [
