@@ -127,8 +127,8 @@ def test_plan_only_lists_the_rewrites(tmp_path):
 
 @pytest.mark.parametrize("forward, why", [
     ("return torch.relu(self.fc(x)).sum(-1)", "not linear"),
-    ("return self.fc(x).sum(0)", "runs over dims [0]"),
     ("return self.fc(x).sum()", "every dim"),
+    ("return self.fc(x).sum((0, 1))", "dims [0, 1]"),
     ("y = self.fc(x)\nreturn y.sum(-1, keepdim=True) + y", "also read"),
     ("y = self.fc(x)\ny.mul_(2.0)\nreturn y.sum(-1)", "in-place"),
     ("return (self.fc(x) * x[:, :8]).sum(-1)", "varies along"),
@@ -182,6 +182,28 @@ def test_conv_transpose_channel_mean(tmp_path):
     cap, c = _one(path, "reduction_before_linear")
     assert c.legal, c.reason
     _matches(tmp_path, path, _with(cap, c.apply), kernels=False)
+
+
+@pytest.mark.parametrize("reduce", ["mean(dim=1)", "sum(dim=(0, 1), keepdim=True)"])
+def test_a_mean_or_sum_over_rows_moves_onto_the_input(tmp_path, reduce):
+    """mean_b f(x_b W^T + b) = f(mean_b(x_b) W^T + b): the GEMM runs on the reduced rows."""
+    path = _module(tmp_path, f"y = self.fc(x) * self.s - 0.5\nreturn y.{reduce}",
+                   init="self.fc = nn.Linear(16, 8)\nself.s = nn.Parameter(torch.randn(8))",
+                   inputs="torch.rand(3, 5, 16)")
+    cap, c = _one(path, "reduction_before_linear")
+    assert c.legal and "rows" in c.reason, c.reason
+    assert c.after.flops < c.before.flops
+    edited = _with(cap, c.apply)
+    (mm,) = [g for g in partition(edited).groups if g.family == "matmul"]
+    assert mm.spec["dims"]["M"] == (3 if "dim=1" in reduce else 1)
+    _matches(tmp_path, path, edited, update=lambda m: m.fc.weight.mul_(-1.5))
+
+
+def test_a_mean_over_a_convs_positions_is_refused(tmp_path):
+    path = _module(tmp_path, "return self.conv(x).mean(dim=(2, 3))", init="self.conv = nn.Conv2d(3, 4, 3, padding=1)",
+                   inputs="torch.rand(1, 3, 6, 6)")
+    _, c = _one(path, "reduction_before_linear")
+    assert not c.legal and "borders" in c.reason
 
 
 def test_grouped_conv_channel_sum_is_refused(tmp_path):

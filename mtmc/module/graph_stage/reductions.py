@@ -175,10 +175,14 @@ def _candidate(desc: dict, g: Graph, name: str, r) -> Candidate | None:
             return refuse(f"{s} between the linear map and the {r.op}: the {r.op} does not commute with it")
         steps.append(s)
     nd = len(m.out_shape)
+    if r.dims and m.feature_dim not in r.dims and m.conv is None:   # over rows: the reduction moves onto x
+        return _rows_candidate(desc, g, name, m, r, steps, ops)
     if r.dims != [m.feature_dim]:
         over = "every dim" if r.every else f"dims {r.dims}"
+        where = (" (over a conv's positions the borders and strides do not commute with it)"
+                 if m.conv is not None and m.feature_dim not in r.dims else "")
         return refuse(f"the {r.op} runs over {over}, not exactly the map's output features (dim {m.feature_dim} "
-                      f"of {nd}); only a reduction over the features is moved before the map")
+                      f"of {nd}) nor only its rows{where}; only those reductions are moved before the map")
     if m.conv is not None:
         why = _conv_refusal(m)
         if why:
@@ -288,3 +292,72 @@ def _apply(desc: dict, g: Graph, m: LinearMap, r: Reduction, steps: list[Step]) 
 
 def _tup(v):
     return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
+def _rows_candidate(desc: dict, g: Graph, name: str, m: LinearMap, r: Reduction, steps: list[Step],
+                    ops: list[str]) -> Candidate:
+    """A mean (or sum) over rows of a linear map's output, moved onto its input:
+    mean_b f(x_b W^T + b) = f(mean_b(x_b) W^T + b) for f affine per feature (its constants are the
+    same for every row); a sum is the mean times the number of rows, read from x's sizes at run
+    time.  The GEMM runs on the reduced rows only."""
+    ed = Editor(desc)
+    had = readers(desc)
+    at = r.node
+    xs = g.tensor(m.x)[0]
+    kept = [1 if i in r.dims else s for i, s in enumerate(m.out_shape)]
+    xm = ed.add(at, "x_mean", "call_function", q(torch.mean), (m.x,), {"dim": tuple(r.dims), "keepdim": True},
+                [1 if i in r.dims else s for i, s in enumerate(xs)], m.dtype)
+    running = _clone_with(ed, g, at, m.node, m.x, xm, kept, m.dtype)
+    for s_ in steps:
+        running = _clone_with(ed, g, at, s_.node, NodeRef(_prev(steps, s_, m)), running,
+                              kept, m.dtype)
+    if r.op == "sum":
+        count, seen = None, 1
+        for d in r.dims:
+            size = ed.add(at, "rows", "call_method", "size", (m.x, d), {}, None, m.dtype, scalar=xs[d])
+            seen *= xs[d]
+            count = size if count is None else ed.add(at, "rows", "call_function", MUL, (count, size), {}, None,
+                                                      m.dtype, scalar=seen)
+        running = ed.add(at, "times_rows", "call_function", MUL, (running, count), {}, kept, m.dtype)
+    if not r.keepdim:
+        running = ed.add(at, "squeeze", "call_method", "squeeze", (running, tuple(r.dims)), {}, g.tensor(r.node)[0],
+                         m.dtype)
+    ed.replace_uses(r.node, running)
+    ed.drop_dead(had, {m.node})
+    fewer = max(1, numel(kept) // m.n)
+    k = g.tensor(m.x)[0][-1]
+    before = _work_before(m, r, len(steps))
+    after = (Work(float(numel(xs)), 4.0 * (numel(xs) + fewer * k), 1)
+             + Work(2.0 * fewer * m.n * k, 4.0 * (fewer * k + m.n * k + fewer * m.n), 1)
+             + Work(0.0, 0.0, 1 if r.op == "sum" else 0))
+    return Candidate(RULE, name, g.path, True,
+                     f"exact: the {r.op} runs over rows of {g.words(m.node)} (dims {r.dims}), along which the map "
+                     "and the ops after it (constants per feature) are the same affine function, so the mean of "
+                     "the rows goes through them" + (" (a sum is that mean times the number of rows, read from "
+                                                    "x's sizes at run time)" if r.op == "sum" else ""),
+                     ops=ops, result=f"the {r.op} of x over dims {r.dims} first, then the map on the reduced rows",
+                     before=before, after=after, dtype=m.dtype, apply=ed.desc)
+
+
+def _prev(steps: list[Step], s_: Step, m: LinearMap) -> str:
+    """The node a chain step reads its running value from."""
+    i = steps.index(s_)
+    return steps[i - 1].node if i else m.node
+
+
+def _clone_with(ed: Editor, g: Graph, before: str, node: str, old: NodeRef, new: NodeRef, shape, dtype) -> NodeRef:
+    """A copy of `node` (before `before`) reading `new` where it read `old`, producing `shape`."""
+    src = g.by_name[node]
+
+    def swap(a):
+        if isinstance(a, list):
+            return [swap(x) for x in a]
+        if isinstance(a, dict):
+            if set(a) == {"node"}:
+                return {"node": new.name} if a["node"] == old.name else a
+            return {k: swap(v) for k, v in a.items()}
+        return a
+    ref = ed.add(before, node, src["op"], src["target"], (), {}, shape, dtype)
+    made = next(n for n in ed.nodes if n["name"] == ref.name)
+    made["args"], made["kwargs"] = swap(src["args"]), swap(src["kwargs"])
+    return ref
