@@ -51,6 +51,10 @@ FULL_SIZE = {
     "softmax_dims.py": {"B": 32, "C": 64, "H": 128, "W": 128, "L": 16384},
     "where_forms.py": {"shape": (16, 2048, 2048)},
     "conv_padding_modes.py": {"batch": 16, "size": 224, "length": 65536},
+    # the graph stage's rewrites (module.graph_stage), at KernelBench level-2 sizes
+    "gemm_subtract_mean.py": {"batch_size": 2048, "in_features": 8192, "out_features": 8192},
+    "gemm_divide_sum.py": {"batch_size": 1024, "input_size": 8192, "hidden_size": 8192},
+    "conv_bn_eval.py": {"batch_size": 64, "in_channels": 16, "out_channels": 64, "height": 256, "width": 256},
 }
 
 

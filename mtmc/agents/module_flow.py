@@ -2,14 +2,17 @@
 `mtmc optimize`, the chat and the benchmarks through `optimize_module` (`plan_module`: capture and
 plan only, `mtmc optimize --plan-only`).
 
-  capture -> plan -+-> Send: group (one per distinct fusion group, the kernel graph as its
+  capture -> rewrite -> plan -+-> Send: group (one per distinct fusion group, the kernel graph as its
                    |          subgraph; independent groups run side by side) -+-> assemble -> check -> time -> report
                    +-> (no group) ------------------------------------------+
   capture --(rejected)--> END
 
 - **capture**: the upload's file checks, then torch.fx on fake tensors in a sandboxed child
   (module_steps.capture_checked); too big or broken: status "rejected".
-- **plan** (the graph stage): the captured graph split into fusion groups the catalog serves and
+- **rewrite** (the graph stage's algebraic rewrites, module.graph_stage): reductions moved before
+  linear maps, eval BatchNorm folded, identities removed; each a recorded decision with its
+  legality reason and predicted gain, applied where the gain is above zero.
+- **plan** (the graph stage): the (rewritten) graph split into fusion groups the catalog serves and
   ops left to PyTorch (module.fusion).
 - **group**: the kernel graph (agents.graph) on the group's spec, invoked inside the node: it is
   checkpointed under the module run's thread, in the group task's own namespace.  Groups of one
@@ -46,6 +49,7 @@ from mtmc.agents.stream import emit
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.drafts import close_checkers
 from mtmc.kernels.spec import KernelSpec
+from mtmc.module import graph_stage
 from mtmc.module.fusion import Group, Partition, partition
 
 MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
@@ -64,7 +68,10 @@ class ModuleState(TypedDict, total=False):
     gpu: bool
     status: str                        # running | rejected | done | failed
     message: str
-    captured: dict                     # module.capture's result (shapes, graphs as JSON)
+    captured: dict                     # module.capture's result (shapes, graphs as JSON), its graphs as
+                                       # the graph stage rewrote them
+    original_graphs: list | None       # the graphs as captured, when the graph stage rewrote any
+    rewrites: dict                     # the graph stage's records: applied, refused, decisions
     memory: dict                       # bytes of inputs, parameters, outputs; the GPU's free bytes
     groups: list[dict]                 # module.fusion.Group.to_dict() of each group
     torch_ops: list[dict]
@@ -92,6 +99,26 @@ def capture(state: ModuleState, runtime: Runtime[Context]) -> dict:
         return {"status": "rejected", "message": str(e)}
     emit(E.Captured(graphs=[g["path"] for g in captured["graphs"]], problems=captured["problems"]))
     return {"captured": captured, "memory": memory}
+
+
+def rewrite(state: ModuleState) -> dict:
+    """The graph stage's algebraic rewrites (module.graph_stage): each a recorded macro action with
+    its legality reason and predicted effect; the rewritten graphs replace the captured ones for
+    the plan, and the captured ones are kept for the fallback (a ModelNew that fails the guard)."""
+    stage = graph_stage.run(state["captured"])
+    rewrites = {k: stage[k] for k in ("applied", "refused", "decisions", "hardware")}
+    emit(E.Rewritten(applied=[_rewrite_line(a) for a in stage["applied"]],
+                     refused=[_rewrite_line(r) for r in stage["refused"]]))
+    out = {"rewrites": rewrites}
+    if stage["applied"]:
+        out.update(captured=stage["captured"], original_graphs=state["captured"]["graphs"])
+    return out
+
+
+def _rewrite_line(r: dict) -> dict:
+    pred = r.get("predicted") or {}
+    return {"rule": r["rule"], "node": r["node"], "graph": r["graph"], "ops": r["ops"], "result": r.get("result", ""),
+            "reason": r.get("why_not") or r["reason"], "predicted_gain_ms": pred.get("gain_ms")}
 
 
 def plan(state: ModuleState) -> dict:
@@ -169,18 +196,25 @@ def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
     """The whole-module check by the guard; groups that break it fall back (ModelNew rewritten)."""
     close_checkers()   # the groups' guard references (full-size GPU tensors) are done with
     outcomes = _outcomes_by_id(state)
+    original = {**state["captured"], "graphs": state["original_graphs"]} if state.get("original_graphs") else None
     result = steps.assemble_checked(state["path"], state["captured"], _groups(state), outcomes,
                                    Path(state["out_path"]), state["gpu"], runtime.context.timeout_s,
-                                   on_event=lambda ev: emit(E.from_dict(ev)))
-    return {"check": result, "outcomes": {str(k): v for k, v in outcomes.items()}}
+                                   on_event=lambda ev: emit(E.from_dict(ev)), original=original)
+    out = {"check": result, "outcomes": {str(k): v for k, v in outcomes.items()}}
+    if result.get("rewrites_reverted"):   # ModelNew was written from the graph as captured
+        rewrites = dict(state.get("rewrites") or {})
+        rewrites["applied"] = [{**a, "status": "reverted", "why_not": result["rewrites_reverted"]}
+                               for a in rewrites.get("applied", [])]
+        out["rewrites"] = rewrites
+    return out
 
 
 def time_it(state: ModuleState, runtime: Runtime[Context]) -> dict:
     """ModelNew against eager and torch.compile, on a GPU and only after it passed the check."""
     if not (state["gpu"] and state["check"]["status"] == "passed"):
         return {"timing": None}
-    if not steps.has_kernels(_groups(state), _outcomes_by_id(state)):
-        # ModelNew is Model's own code: 1.00x by construction, no need to time it
+    if not steps.has_kernels(_groups(state), _outcomes_by_id(state)) and not state.get("original_graphs"):
+        # no kernel, no rewrite: ModelNew is Model's own code, 1.00x by construction
         return {"timing": {"measured": False, "error": "not timed: no Triton kernel (ModelNew is Model's own code)"}}
     timing = steps.time_in_child(state["out_path"], runtime.context.timeout_s)
     emit(E.build("module_time", **timing))
@@ -192,7 +226,7 @@ def report(state: ModuleState) -> dict:
     part = Partition(_groups(state), state.get("torch_ops") or [])
     outcomes = {int(k): v for k, v in state["outcomes"].items()}
     summary = summary_json(os.path.basename(state["path"]), state["out_path"], status, state["captured"], part,
-                           outcomes, state["check"], state.get("timing"), state["gpu"])
+                           outcomes, state["check"], state.get("timing"), state["gpu"], state.get("rewrites"))
     text = markdown_report(summary)
     if state.get("report_path"):
         steps.write_text(Path(state["report_path"]), text)
@@ -204,11 +238,12 @@ def report(state: ModuleState) -> dict:
 
 def build_module_graph() -> StateGraph:
     g = StateGraph(ModuleState, context_schema=Context)
-    for name, fn in [("capture", capture), ("plan", plan), ("group", group), ("assemble", assemble),
+    for name, fn in [("capture", capture), ("rewrite", rewrite), ("plan", plan), ("group", group), ("assemble", assemble),
                      ("check", check), ("time", time_it), ("report", report)]:
         g.add_node(name, fn)
     g.add_edge(START, "capture")
-    g.add_conditional_edges("capture", lambda s: END if s.get("status") == "rejected" else "plan", ["plan", END])
+    g.add_conditional_edges("capture", lambda s: END if s.get("status") == "rejected" else "rewrite", ["rewrite", END])
+    g.add_edge("rewrite", "plan")
     g.add_conditional_edges("plan", fan_out, ["group", "assemble"])
     g.add_edge("group", "assemble")
     g.add_edge("assemble", "check")
@@ -271,4 +306,4 @@ def plan_module(path: str, gpu: bool | None = None, capture_timeout_s: float = C
             "tensors": captured.get("tensors"), "fake_failure": captured.get("fake_failure"),
             "inputs": captured["inputs"], "outputs": captured.get("outputs", []), "memory": state["memory"],
             "groups": [steps.group_plan(g) for g in _groups(state)], "torch_ops": state.get("torch_ops") or [],
-            "problems": captured["problems"]}
+            "problems": captured["problems"], "rewrites": state.get("rewrites") or {}}

@@ -217,20 +217,31 @@ def write_model_new(source: str, captured: dict, groups: list[Group], outcomes: 
 
 
 def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
-                     gpu: bool, timeout_s: float, on_event=None) -> dict:
+                     gpu: bool, timeout_s: float, on_event=None, original: dict | None = None) -> dict:
     """Write ModelNew with every kernel, check it; when the check fails, find the groups that
-    break it (each checked alone), let them fall back, and write and check again.  With no kernel
-    at all ModelNew runs Model's own code: nothing to check, and at KernelBench size the two
-    sandboxed full-size runs cost a minute on the H200."""
-    if not _kernels(groups, outcomes):
+    break it (each checked alone), let them fall back, and write and check again.  `original`:
+    the capture before the graph stage rewrote `captured`; when even the all-PyTorch ModelNew of
+    the rewritten graph fails, ModelNew is written from it (the result then has
+    "rewrites_reverted": why).  With no kernel and no rewrite ModelNew runs Model's own code:
+    nothing to check, and at KernelBench size the two sandboxed full-size runs cost a minute on
+    the H200."""
+    if not _kernels(groups, outcomes) and original is None:
         write_model_new(Path(upload).read_text(), captured, groups, outcomes, out)
         check = {"status": "passed", "reason": NOTHING_TO_CHECK, "verdict": None}
         _emit(on_event, E.ModuleCheck(status=check["status"], reason=check["reason"]))
         return check
     ref = reference_run(upload, gpu, timeout_s)
     try:
-        return _check_until_it_passes(Path(upload).read_text(), ref, captured, groups, outcomes, out, timeout_s,
-                                      on_event)
+        source = Path(upload).read_text()
+        check = _check_until_it_passes(source, ref, captured, groups, outcomes, out, timeout_s, on_event)
+        if check["status"] == "failed" and original is not None and not _kernels(groups, outcomes):
+            reason = f"the rewritten graph failed the module check: {check.get('reason', '')}"
+            write_text(out, assemble(source, original, [], {}))
+            check = check_in_child(str(out), ref, timeout_s, pytorch_only=True)
+            check["rewrites_reverted"] = reason
+            _emit(on_event, E.ModuleCheck(status=check["status"], reason="graph-stage rewrites reverted: "
+                                          + check.get("reason", "")))
+        return check
     finally:
         if isinstance(ref, ReferenceRun):
             ref.close()   # its session holds the reference's tensors (on the GPU, several GB)

@@ -303,7 +303,8 @@ class Partitioner:
                 break
             if len(self.g.users[cur]) != 1 and not self._shareable(cur, s):
                 break
-            cands = [r for r in s.inputs if isinstance(r, NodeRef)]
+            # the running value has the full shape (a broadcast operand, [K] times [M, K], is not one)
+            cands = [r for r in s.inputs if isinstance(r, NodeRef) and self.g.tensor(r) == (shape, dtype)]
             cands.sort(key=lambda r: not isinstance(self.sem.get(r.name), Pointwise))  # prefer longer chains
             chosen = next((r for r in cands
                            if self._step(cur, r.name, scratch, shape, operand_view, vector_ok) is not None), None)

@@ -11,7 +11,7 @@ from mtmc.kernels.spec import KernelSpec
 
 
 def summary_json(file: str, out: str, status: str, captured: dict, part, outcomes: dict[int, dict],
-                 check: dict, timing: dict | None, gpu: bool) -> dict:
+                 check: dict, timing: dict | None, gpu: bool, rewrites: dict | None = None) -> dict:
     groups = []
     for g in part.groups:
         o = outcomes.get(g.id, {})
@@ -26,7 +26,60 @@ def summary_json(file: str, out: str, status: str, captured: dict, part, outcome
         })
     return {"status": status, "file": file, "out": out, "gpu": gpu, "groups": groups,
             "torch_ops": part.torch_ops, "uncaptured": captured.get("problems", []),
-            "inputs": captured.get("inputs", []), "check": check, "end_to_end": timing}
+            "inputs": captured.get("inputs", []), "check": check, "end_to_end": timing,
+            "rewrites": {k: (rewrites or {}).get(k, []) for k in ("applied", "refused", "decisions")}}
+
+
+def _gain(r: dict) -> str:
+    p = r.get("predicted") or {}
+    if not p:
+        return ""
+    b, a = p["before"], p["after"]
+    return (f"predicted on the {p.get('hardware', 'H200')} roofline: {b['flops']:.3g} -> {a['flops']:.3g} flops, "
+            f"{b['bytes']:.3g} -> {a['bytes']:.3g} bytes, {b['launches']} -> {a['launches']} launches, "
+            f"{b['ms'] * 1e3:.1f} -> {a['ms'] * 1e3:.1f} us ({'gain' if p['gain_ms'] > 0 else 'loss'} "
+            f"{abs(p['gain_ms']) * 1e3:.1f} us)")
+
+
+def rewrite_lines(r: dict) -> list[str]:
+    """One rewrite record in words: what it replaced and with what, why, its predicted and
+    measured effect."""
+    where = f" in `{r['graph']}`" if r.get("graph") else ""
+    head = {"applied": "applied", "refused": "refused", "not applied": "not applied",
+            "reverted": "applied, then reverted"}.get(r.get("status"), r.get("status", ""))
+    lines = [f"- **{r['rule']}** ({head}){where}: {' -> '.join(r['ops'])}"
+             + (f" becomes {r['result']}" if r.get("result") and r.get("status") != "refused" else "")]
+    lines.append(f"  - why: {r['reason']}")
+    if r.get("why_not"):
+        lines.append(f"  - not kept: {r['why_not']}")
+    if _gain(r):
+        lines.append(f"  - {_gain(r)}")
+    if r.get("status") in ("applied", "reverted"):
+        m = r.get("measured")
+        lines.append(f"  - measured: {m}" if m else "  - measured: not on its own (the whole-module check proves it; "
+                     "timing needs a GPU)")
+    return lines
+
+
+def rewrite_answer(question: str, summary: dict) -> list[str]:
+    """The graph-stage rewrites a why-question names (by rule, op or word), or all of them."""
+    rw = summary.get("rewrites") or {}
+    records = list(rw.get("applied") or []) + list(rw.get("refused") or [])
+    if not records:
+        return []
+    words = {w for w in "".join(c if c.isalnum() else " " for c in question.lower()).split() if len(w) > 2}
+    quiet = {"why", "did", "you", "the", "rewrite", "rewrote", "rewritten", "not", "was", "this", "that", "what"}
+    words -= quiet
+
+    def named(r: dict) -> bool:
+        text = " ".join([r["rule"], *r["ops"], r.get("result", ""), r["reason"]]).lower()
+        return any(w in text for w in words)
+    hit = [r for r in records if named(r)] or records
+    lines = ["Graph-stage rewrites (decided on the captured graph before the fusion groups; each applied one "
+             "was proved by the whole-module check against the float64 Model):"]
+    for r in hit:
+        lines += rewrite_lines(r)
+    return lines
 
 
 def _ms(v) -> str:
@@ -73,6 +126,12 @@ def markdown_report(s: dict) -> str:
     else:
         lines += ["**End to end**: no GPU, so speed was not measured and could not decide anything: every group "
                   "the catalog serves got its kernel. Per-group times below are roofline estimates.", ""]
+    rw = s.get("rewrites") or {}
+    if rw.get("applied") or rw.get("refused"):
+        lines += ["## Graph-stage rewrites", ""]
+        for r in [*rw.get("applied", []), *rw.get("refused", [])]:
+            lines += rewrite_lines(r)
+        lines.append("")
     lines += ["## Fusion groups", "",
               "| # | ops | kernel | correctness | before (PyTorch eager) | after | speedup |",
               "|---|---|---|---|---|---|---|"]

@@ -9,6 +9,7 @@ from html import escape
 import pandas as pd
 
 from mtmc.agents import events as E
+from mtmc.module.report import rewrite_answer
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.ui.plots import kernel_point, time_table
 from mtmc.ui.steps import StepStream, final_text
@@ -70,6 +71,14 @@ class ModuleStream:
                         for p in ev.problems or []]
             self._blocks.append(say("\n".join([f"**Captured** {len(ev.graphs or [])} graph(s) "
                                                "in a sandboxed child process.", *problems])))
+        elif isinstance(ev, E.Rewritten):
+            if ev.applied or ev.refused:
+                lines = [f"**Graph stage:** {len(ev.applied or [])} algebraic rewrite(s) applied"]
+                lines += [f"- {r['rule']}: {' -> '.join(r['ops'])} becomes {r['result']}: {plain(r['reason'])}"
+                          for r in ev.applied or []]
+                lines += [f"- not rewritten ({r['rule']}): {' -> '.join(r['ops'])}: {plain(r['reason'])}"
+                          for r in ev.refused or []]
+                self._blocks.append(say("\n".join(lines)))
         elif isinstance(ev, E.Partitioned):
             lines = [f"**{len(ev.groups or [])} fusion group(s):**"]
             lines += [f"- group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}" for g in ev.groups or []]
@@ -178,4 +187,7 @@ def fusion_answer(question: str, summary: dict) -> str:
         lines += [f"  - note: {n}" for n in g.get("notes") or []]
     for t in hit_left:
         lines.append(f"- `{t['op']}` stays PyTorch: {t['why']}")
+    rewrites = rewrite_answer(question, summary)
+    if rewrites:
+        lines += ["", *rewrites]
     return "\n".join(lines)

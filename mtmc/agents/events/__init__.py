@@ -7,7 +7,7 @@ command line through `events.text.lines`, the chat through ui.steps / ui.module_
 
 A kernel run (agents.graph):  Parsed, Unsupported, Retrieved, then per step Code (a draft),
 Verify (its verdict), Plan (the planner's next move or stop), Debug (a fix), StepDone (the
-step's record), and Final.  A module run (agents.module_flow): Captured, Partitioned, per group
+step's record), and Final.  A module run (agents.module_flow): Captured, Rewritten, Partitioned, per group
 GroupStart, that group's kernel events (with `group` set), GroupDone; then GroupFallback,
 ModuleCheck, ModuleTime, and Final; or Rejected.  Plain data only: this package imports nothing
 of the project.
@@ -154,6 +154,15 @@ class Captured(Event):
 
 
 @dataclass(kw_only=True)
+class Rewritten(Event):
+    """The graph stage's algebraic rewrites (module.graph_stage): applied ones and refused ones,
+    each rule, node, ops, result, reason and predicted_gain_ms."""
+    kind: ClassVar[str] = "rewritten"
+    applied: list = field(default_factory=list)
+    refused: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class Partitioned(Event):
     kind: ClassVar[str] = "partitioned"
     groups: list = field(default_factory=list)       # id, ops, family
@@ -201,7 +210,7 @@ class ModuleTime(Event):
 
 KINDS: dict[str, type[Event]] = {c.kind: c for c in (
     Parsed, Unsupported, Retrieved, Plan, Code, Verify, Debug, StepDone, Final,
-    Rejected, Captured, Partitioned, GroupStart, GroupDone, GroupFallback, ModuleCheck, ModuleTime)}
+    Rejected, Captured, Rewritten, Partitioned, GroupStart, GroupDone, GroupFallback, ModuleCheck, ModuleTime)}
 
 
 def from_dict(data: dict | Event) -> Event:

@@ -87,6 +87,20 @@ def _captured(ev: E.Captured) -> list[str]:
     return out
 
 
+def _gain(r: dict) -> str:
+    g = r.get("predicted_gain_ms")
+    return f", predicted {'gain' if g > 0 else 'loss'} {abs(g) * 1e3:.1f} us on the roofline" if isinstance(g, (int, float)) else ""
+
+
+def _rewritten(ev: E.Rewritten) -> list[str]:
+    if not (ev.applied or ev.refused):
+        return []
+    return ([f"graph stage: {len(ev.applied)} rewrite(s) applied, {len(ev.refused)} not"]
+            + [f"  rewrite {r['rule']}: {' -> '.join(r['ops'])} becomes {r['result']} ({r['reason']}{_gain(r)})"
+               for r in ev.applied]
+            + [f"  not rewritten ({r['rule']}): {' -> '.join(r['ops'])}: {r['reason']}{_gain(r)}" for r in ev.refused])
+
+
 def _partitioned(ev: E.Partitioned) -> list[str]:
     return ([f"{len(ev.groups)} fusion group(s):"]
             + [f"  group {g['id']} ({g['family']}): {' -> '.join(g['ops'])}" for g in ev.groups]
@@ -106,6 +120,7 @@ _RENDER = {
     E.Final: lambda ev: [ev.message],
     E.Rejected: lambda ev: [ev.message],
     E.Captured: _captured,
+    E.Rewritten: _rewritten,
     E.Partitioned: _partitioned,
     E.GroupStart: lambda ev: [f"== group {ev.group}: {ev.description}"],
     E.GroupDone: lambda ev: [f"== group {ev.group}: {ev.status} ({ev.reason})"],

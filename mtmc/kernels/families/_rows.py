@@ -292,8 +292,8 @@ def check_dims(spec: KernelSpec, config: dict) -> dict[str, int]:
     real tail for looped kernels, the real N for single-pass ones."""
     rows = config["ROWS_PER_PROG"]
     inner = _inner(spec)
-    if inner > 1:  # inner is baked into the launcher: keep it, take two slabs of it
-        return {"M": inner * min(spec.dims["M"] // inner, 2), "N": small_dim(spec.dims["N"], config["BLOCK_N"])}
+    if inner > 1:  # inner and N are baked into the launcher's [-1, N, inner] view: keep them, take two slabs
+        return {"M": inner * min(spec.dims["M"] // inner, 2), "N": spec.dims["N"]}
     full_groups = CPU_SMS * PROGRAMS_PER_SM + 1 if config["PERSISTENT"] else 1
     m = max(3, rows * full_groups + max(1, rows // 2))
     return {"M": min(spec.dims["M"], m), "N": small_dim(spec.dims["N"], config["BLOCK_N"])}

@@ -1,0 +1,334 @@
+"""The graph stage's algebraic rewrites (mtmc.module.graph_stage): each applied where legal (the
+module still matches Model, the fusion groups change as expected) and refused where not, with
+the reason.  CPU only: kernels in Triton's interpreter at small shapes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_helpers import template_kernels
+from mtmc.agents.context import Context
+from mtmc.agents.module_flow import optimize_module, plan_module
+from mtmc.module import graph_stage
+from mtmc.module.assemble import assemble
+from mtmc.module.capture import capture
+from mtmc.module.fusion import partition
+from mtmc.module.report import rewrite_answer
+from mtmc.tools.loader import load_file
+from test_module_optimize import MODULES
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+
+
+def _module(tmp_path, forward: str, init: str = "", inputs: str = "torch.rand(4, 16)", args: str = "",
+            name: str = "model.py"):
+    path = tmp_path / name
+    path.write_text(HEAD + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    + "".join(f"        {line}\n" for line in (init or "pass").splitlines())
+                    + "\n    def forward(self, x):\n"
+                    + "".join(f"        {line}\n" for line in forward.splitlines())
+                    + f"\n\ndef get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return [{args}]\n")
+    return path
+
+
+def _by_rule(cands, rule):
+    return [c for c in cands if c.rule == rule]
+
+
+def _one(path, rule: str):
+    """(the capture of the module at `path`, its one candidate of `rule`)."""
+    cap = capture(str(path))
+    (c,) = _by_rule(graph_stage.candidates(cap["graphs"][0]), rule)
+    return cap, c
+
+
+def _with(cap: dict, desc: dict) -> dict:
+    """The capture with its (only) graph replaced by a candidate's edited one."""
+    return {**cap, "graphs": [{**desc, "rewritten": True}]}
+
+
+def _both(path, source: str, cap: dict, kernels: bool = True, seed: int = 0, update=None):
+    """Model and ModelNew (written from `cap`) on the same weights and inputs; `update(model)`
+    runs on both after the state_dict is loaded (a parameter update after construction)."""
+    part = partition(cap)
+    out = path.with_name(f"new_{path.stem}_{seed}.py")
+    out.write_text(assemble(source, cap, part.groups, template_kernels(part.groups) if kernels else {}))
+    m = load_file(out, f"gs_{path.stem}_{seed}_{id(cap)}")
+    torch.manual_seed(seed)
+    model = m.Model(*m.get_init_inputs())
+    new = m.ModelNew(*m.get_init_inputs())
+    new.load_state_dict(model.state_dict())
+    if update is not None:
+        with torch.no_grad():
+            update(model)
+            update(new)
+    inputs = m.get_inputs()
+    with torch.no_grad():
+        return model(*inputs), new(*inputs), new, inputs, part
+
+
+def _close(a, b):
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def _matches(tmp_path, path, cap: dict, **kw):
+    """ModelNew written from `cap` computes Model's output (see _both); _both's other values."""
+    a, b, *rest = _both(tmp_path / path.name, path.read_text(), cap, **kw)
+    _close(a, b)
+    return rest
+
+
+# -- a reduction moved before the linear map ----------------------------------------------------
+
+def test_sum_after_matmul_becomes_a_gemv_and_follows_parameter_updates(tmp_path):
+    path = MODULES / "gemm_divide_sum.py"
+    cap = capture(str(path))
+    before = partition(cap)
+    assert [g.family for g in before.groups] == ["matmul", "reduction"]
+    stage = graph_stage.run(cap)
+    (rw,) = stage["applied"]
+    assert rw["rule"] == "reduction_before_linear" and rw["status"] == "applied"
+    assert "affine" in rw["reason"] and rw["predicted"]["gain_ms"] > 0
+    assert rw["predicted"]["after"]["flops"] < rw["predicted"]["before"]["flops"] / 50
+    stage_decision = stage["decisions"][0]
+    assert stage_decision["action"]["rule"] == "reduction_before_linear" and stage_decision["alternatives"]
+    after = partition(stage["captured"])
+    # no GEMM left: the weight's sum over the features, then x times it summed over the last dim (the GEMV)
+    assert [g.family for g in after.groups] == ["reduction", "reduction"]
+    gemv = after.groups[1]
+    assert gemv.spec["dims"] == {"M": 256, "N": 2048} and gemv.spec["params"]["prologue"][0]["op"] == "mul"
+
+    def update(m):   # the derived weights follow a change of the parameter after construction
+        m.weight.mul_(-0.5).add_(0.01)
+    _matches(tmp_path, path, stage["captured"], update=update)
+
+
+def test_mean_over_features_with_a_subtract_and_a_singleton_logsumexp_through_optimize(tmp_path):
+    """The real optimize path: rewrite, plan, kernels, assemble and the whole-module guard."""
+    out, report = tmp_path / "new.py", tmp_path / "report.md"
+    summary = optimize_module(str(MODULES / "gemm_subtract_mean.py"), Context(target="h200", max_steps=0), str(out),
+                              str(report))
+    assert summary["status"] == "done" and summary["check"]["status"] == "passed", summary["check"]
+    applied = {(r["rule"], r["status"]) for r in summary["rewrites"]["applied"]}
+    assert applied == {("reduction_before_linear", "applied"), ("identity", "applied")}
+    assert "matmul" not in {g["family"] for g in summary["groups"]}
+    text = report.read_text()
+    assert "## Graph-stage rewrites" in text and "reduction_before_linear" in text and "logsumexp" in text
+    answer = "\n".join(rewrite_answer("why did you rewrite the mean?", summary))
+    assert "reduction_before_linear" in answer and "affine" in answer and "predicted" in answer
+
+
+def test_plan_only_lists_the_rewrites(tmp_path):
+    plan = plan_module(str(MODULES / "gemm_divide_sum.py"))
+    assert plan["status"] == "planned"
+    assert [r["rule"] for r in plan["rewrites"]["applied"]] == ["reduction_before_linear"]
+    assert [g["family"] for g in plan["groups"]] == ["reduction", "reduction"]
+
+
+@pytest.mark.parametrize("forward, why", [
+    ("return torch.relu(self.fc(x)).sum(-1)", "not linear"),
+    ("return self.fc(x).sum()", "every dim"),
+    ("return self.fc(x).sum((0, 1))", "dims [0, 1]"),
+    ("y = self.fc(x)\nreturn y.sum(-1, keepdim=True) + y", "also read"),
+    ("y = self.fc(x)\ny.mul_(2.0)\nreturn y.sum(-1)", "in-place"),
+    ("return (self.fc(x) * x[:, :8]).sum(-1)", "varies along"),
+])
+def test_sum_after_linear_is_refused_with_the_reason(tmp_path, forward, why):
+    path = _module(tmp_path, forward, init="self.fc = nn.Linear(16, 8)")
+    cap = capture(str(path))
+    found = _by_rule(graph_stage.candidates(cap["graphs"][0]), "reduction_before_linear")
+    assert found and not any(c.legal for c in found), [c.reason for c in found]
+    assert any(why in c.reason for c in found), [c.reason for c in found]
+    assert not [a for a in graph_stage.run(cap)["applied"] if a["rule"] == "reduction_before_linear"]
+
+
+def test_fp16_is_refused_for_its_accumulation(tmp_path):
+    path = _module(tmp_path, "return self.fc(x).mean(-1)", init="self.fc = nn.Linear(16, 8).half()",
+                   inputs="torch.rand(4, 16).half()")
+    _, c = _one(path, "reduction_before_linear")
+    assert not c.legal and "float16" in c.reason
+
+
+def test_affine_chain_with_per_feature_scale_shift_and_negation_is_exact(tmp_path):
+    """sum_n (-(y_n * s_n) / 3 + c_n - 1): vector scale, scalar divide, a vector shift, rsub."""
+    path = _module(tmp_path, "y = self.fc(x)\ny = -(y * self.s) / 3.0\ny = y + self.c\ny = 1.0 - y\n"
+                   "return torch.mean(y, dim=-1)",
+                   init="self.fc = nn.Linear(16, 8)\nself.s = nn.Parameter(torch.randn(8))\n"
+                        "self.c = nn.Parameter(torch.randn(1, 8))", inputs="torch.rand(2, 3, 16)")
+    cap, c = _one(path, "reduction_before_linear")
+    assert c.legal, c.reason
+    a, b, *_ = _both(path, path.read_text(), _with(cap, c.apply))
+    assert b.shape == a.shape == (2, 3)
+    _close(a, b)
+
+
+def test_channel_sum_after_a_conv_becomes_a_one_channel_conv(tmp_path):
+    path = MODULES / "conv_bn_eval.py"
+    cap, c = _one(path, "reduction_before_linear")
+    assert c.legal and "conv2d" in c.result, c.reason
+    edited = _with(cap, c.apply)
+    convs = [g for g in partition(edited).groups if g.family == "conv"]
+    assert sorted(g.spec["dims"]["C_out"] for g in convs) == [1, 8]
+
+    def update(m):
+        m.conv.bias.add_(0.25)
+    _matches(tmp_path, path, edited, update=update)
+
+
+def test_conv_transpose_channel_mean(tmp_path):
+    path = _module(tmp_path, "return self.up(x).mean(dim=1) * 2.0",
+                   init="self.up = nn.ConvTranspose2d(3, 6, 3, stride=2, padding=1, output_padding=1)",
+                   inputs="torch.rand(2, 3, 5, 5)")
+    cap, c = _one(path, "reduction_before_linear")
+    assert c.legal, c.reason
+    _matches(tmp_path, path, _with(cap, c.apply), kernels=False)
+
+
+@pytest.mark.parametrize("reduce", ["mean(dim=1)", "sum(dim=(0, 1), keepdim=True)"])
+def test_a_mean_or_sum_over_rows_moves_onto_the_input(tmp_path, reduce):
+    """mean_b f(x_b W^T + b) = f(mean_b(x_b) W^T + b): the GEMM runs on the reduced rows."""
+    path = _module(tmp_path, f"y = self.fc(x) * self.s - 0.5\nreturn y.{reduce}",
+                   init="self.fc = nn.Linear(16, 8)\nself.s = nn.Parameter(torch.randn(8))",
+                   inputs="torch.rand(3, 5, 16)")
+    cap, c = _one(path, "reduction_before_linear")
+    assert c.legal and "rows" in c.reason, c.reason
+    assert c.after.flops < c.before.flops
+    edited = _with(cap, c.apply)
+    (mm,) = [g for g in partition(edited).groups if g.family == "matmul"]
+    assert mm.spec["dims"]["M"] == (3 if "dim=1" in reduce else 1)
+    _matches(tmp_path, path, edited, update=lambda m: m.fc.weight.mul_(-1.5))
+
+
+def test_a_mean_over_a_convs_positions_is_refused(tmp_path):
+    path = _module(tmp_path, "return self.conv(x).mean(dim=(2, 3))", init="self.conv = nn.Conv2d(3, 4, 3, padding=1)",
+                   inputs="torch.rand(1, 3, 6, 6)")
+    _, c = _one(path, "reduction_before_linear")
+    assert not c.legal and "borders" in c.reason
+
+
+def test_grouped_conv_channel_sum_is_refused(tmp_path):
+    path = _module(tmp_path, "return self.conv(x).sum(1)", init="self.conv = nn.Conv2d(4, 8, 3, groups=2)",
+                   inputs="torch.rand(1, 4, 6, 6)")
+    _, c = _one(path, "reduction_before_linear")
+    assert not c.legal and "grouped" in c.reason
+
+
+# -- BatchNorm folded ------------------------------------------------------------------------------
+
+def test_inference_batch_norm_folds_into_the_conv_and_follows_its_statistics(tmp_path):
+    path = MODULES / "conv_bn_eval.py"   # F.batch_norm(conv(x), ..., training=False)
+    cap, c = _one(path, "fold_batchnorm")
+    assert c.legal and "eval mode" in c.reason
+    edited = _with(cap, c.apply)
+    assert "norm" not in {g.family for g in partition(edited).groups}
+
+    def update(m):   # running statistics and affine parameters changed after construction
+        m.running_mean.add_(0.3)
+        m.running_var.mul_(1.7)
+        m.gamma.mul_(-2.0)
+        m.conv.weight.mul_(0.5)
+    _matches(tmp_path, path, edited, update=update)
+
+
+def test_eval_batchnorm_module_folds_and_asserts_eval_mode(tmp_path):
+    path = _module(tmp_path, "return self.bn(self.conv(x)) * 2.0",
+                   init="self.conv = nn.Conv2d(3, 8, 3)\nself.bn = nn.BatchNorm2d(8)\nself.bn.eval()",
+                   inputs="torch.rand(2, 3, 9, 9)")
+    cap, c = _one(path, "fold_batchnorm")
+    assert c.legal and "asserts" in c.reason, c.reason
+
+    def update(m):
+        m.bn.running_mean.add_(0.3)
+        m.bn.weight.mul_(-2.0)
+    a, b, new, inputs, _ = _both(path, path.read_text(), _with(cap, c.apply), update=update)
+    _close(a, b)
+    new.bn.train()   # the fold is only right in eval mode: ModelNew says so rather than compute wrongly
+    with pytest.raises(Exception, match="eval"):
+        new(*inputs)
+
+
+def test_training_batch_norm_call_is_refused(tmp_path):
+    path = _module(tmp_path, "return F.batch_norm(self.fc(x), self.m, self.v, training=True)",
+                   init="self.fc = nn.Linear(16, 8)\nself.register_buffer('m', torch.zeros(8))\n"
+                        "self.register_buffer('v', torch.ones(8))")
+    _, c = _one(path, "fold_batchnorm")
+    assert not c.legal and "training-mode BatchNorm uses batch statistics" in c.reason
+
+
+def test_eval_batchnorm_after_linear_folds(tmp_path):
+    path = _module(tmp_path, "return torch.relu(self.bn(self.fc(x)))",
+                   init="self.fc = nn.Linear(16, 8)\nself.bn = nn.BatchNorm1d(8)\nself.bn.eval()")
+    cap, c = _one(path, "fold_batchnorm")
+    assert c.legal, c.reason
+    _matches(tmp_path, path, _with(cap, c.apply), update=lambda m: m.bn.running_mean.add_(1.0))
+
+
+def test_training_mode_batchnorm_is_refused(tmp_path):
+    path = _module(tmp_path, "return self.bn(self.fc(x))",
+                   init="self.fc = nn.Linear(16, 8)\nself.bn = nn.BatchNorm1d(8)")
+    cap, c = _one(path, "fold_batchnorm")
+    assert not c.legal and "training-mode BatchNorm uses batch statistics" in c.reason
+    refused = graph_stage.run(cap)["refused"]
+    assert any(r["rule"] == "fold_batchnorm" and r["status"] == "refused" for r in refused)
+
+
+# -- identities ------------------------------------------------------------------------------------
+
+IDENTITIES = """y = x.unsqueeze(1)
+a = torch.softmax(y, dim=1)
+b = F.log_softmax(y, dim=1)
+c = torch.amax(y, dim=1)
+d = y.sum(dim=1, keepdim=True).squeeze(1)
+e = x.transpose(0, 1).transpose(0, 1)
+f = x.permute(1, 0).permute(1, 0)
+g = x.reshape(4, 16) * 1
+h = (x + 0.0) - 0
+return a.squeeze(1) + b.squeeze(1) + c + d + e + f + g + h"""
+
+
+def test_identities_are_removed_and_the_module_still_matches(tmp_path):
+    path = _module(tmp_path, IDENTITIES)
+    cap = capture(str(path))
+    stage = graph_stage.run(cap)
+    what = sorted(r["reason"].split(": ", 1)[1].split(" ")[0] for r in stage["applied"])
+    assert {"softmax", "log_softmax", "amax", "sum", "two", "a", "x"} <= set(what), what
+    assert len(stage["applied"]) >= 9
+    left = {n["target"] for n in stage["captured"]["graphs"][0]["nodes"]}
+    assert not {"transpose", "permute", "torch.softmax", "torch.amax"} & left
+    _matches(tmp_path, path, stage["captured"])
+
+
+@pytest.mark.parametrize("forward, why", [
+    ("return x * 1", "aliased"),
+    ("y = x + 0\ny.add_(1.0)\nreturn y", "changed in place"),
+])
+def test_identity_is_refused_where_it_is_not_one(tmp_path, forward, why):
+    cap = capture(str(_module(tmp_path, forward)))
+    found = _by_rule(graph_stage.candidates(cap["graphs"][0]), "identity")
+    assert found and not any(c.legal for c in found) and why in found[0].reason, [c.reason for c in found]
+
+
+def test_softmax_over_a_real_dim_and_a_cast_are_not_identities(tmp_path):
+    cap = capture(str(_module(tmp_path, "return torch.softmax(x, dim=1) + x.double().float() + x.view(-1).view(4, 16)")))
+    found = _by_rule(graph_stage.candidates(cap["graphs"][0]), "identity")
+    assert not [c for c in found if "softmax" in c.node or "double" in c.node or "float" in c.node], found
+
+
+def test_a_graph_without_rewrites_is_left_as_captured(tmp_path):
+    cap = capture(str(_module(tmp_path, "return torch.relu(x) * 2.0")))
+    stage = graph_stage.run(cap)
+    assert stage["captured"] is cap and not stage["applied"]
+    assert stage["decisions"][-1]["action"]["kind"] == "stop"
+
+
+def test_a_why_question_about_a_rewrite_is_answered_from_the_module_records():
+    from mtmc.ui.followup import interpret
+    from mtmc.ui.module_view import fusion_answer
+    follow = interpret("why did you rewrite the sum?", None)
+    assert follow.kind == "why" and follow.fusion
+    assert interpret("why was the batchnorm not folded?", None).fusion
+    record = {"rule": "fold_batchnorm", "node": "bn", "graph": "", "ops": ["Conv2d conv", "BatchNorm2d bn"],
+              "status": "refused", "reason": "training-mode BatchNorm uses batch statistics ..."}
+    summary = {"file": "m.py", "groups": [], "torch_ops": [], "rewrites": {"applied": [], "refused": [record]}}
+    answer = fusion_answer("why was the batchnorm not folded?", summary)
+    assert "fold_batchnorm" in answer and "training-mode BatchNorm uses batch statistics" in answer
