@@ -135,7 +135,7 @@ class CostModel:
         """(mean log(ms/ideal), its spread over members, validity probability) per row."""
         xn = self._norm(x)
         outs = [n(xn) for n in self.nets]
-        t = torch.stack([o[0] for o in outs])
+        t = torch.stack([o[0] for o in outs]).clamp(*PRED_RANGE)
         p = torch.stack([torch.sigmoid(o[1]) for o in outs]).mean(0)
         return t.mean(0), (t.std(0) if len(outs) > 1 else torch.zeros_like(t[0])), p
 
@@ -173,6 +173,19 @@ class CostModel:
             n.load_state_dict(sd)
             nets.append(n)
         return cls(layout, nets, st["mean"], st["std"], cfg)
+
+
+def safe_std(x: torch.Tensor) -> torch.Tensor:
+    """Per-column std for input normalization, 1 where a column (nearly) never varies in training:
+    dividing by a tiny std would blow up the one row at planning time where it does vary (an op
+    only the held-out specs have)."""
+    std = x.std(0) if len(x) > 1 else torch.ones(x.shape[1])
+    return torch.where(std < 0.05, torch.ones_like(std), std)
+
+
+# log(ms / ideal) is kept in this range at prediction: the roofline ideal is a lower bound, and a
+# time e^12 times above it is no kernel anyone would keep; outside the data the net may say anything
+PRED_RANGE = (-1.0, 12.0)
 
 
 def _centred(v: torch.Tensor, ix: torch.Tensor, n: int) -> torch.Tensor:
@@ -235,8 +248,7 @@ def train_cost_model(records: list[dict], layout: Layout, cfg: CostConfig = Cost
     tab = table(records, layout)
     if not len(tab.y) or not bool((tab.valid > 0.5).any()):
         raise ValueError("no timed ok records to fit a cost model on")
-    mean = tab.x.mean(0)
-    std = tab.x.std(0).clamp(min=1e-3)
+    mean, std = tab.x.mean(0), safe_std(tab.x)
     nets, losses = [], []
     for m in range(cfg.members):
         net, ls = _fit_member(tab, mean, std, cfg, layout, m, log)

@@ -29,8 +29,9 @@ class ActorCritic(nn.Module):
         self.register_buffer("s_std", torch.ones(state_dim))
 
     def set_normalization(self, states: torch.Tensor) -> None:
+        from mtmc.policy.cost_model import safe_std
         self.s_mean.copy_(states.mean(0))
-        self.s_std.copy_(states.std(0).clamp(min=1e-2))
+        self.s_std.copy_(safe_std(states))
 
     def forward(self, s: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """s [B, S], a [B, A, D], mask [B, A] (True: legal) -> logits [B, A] (-inf where masked), value [B]."""

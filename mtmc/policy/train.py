@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     meta = {"trained": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "data": data_summary(paths, by_file), "used_records": len(records),
             "measured_only": not args.allow_unmeasured,
-            "versions": {"torch": torch.__version__, "triton": version("triton"), "python": platform.python_version()},
+            "versions": {"torch": str(torch.__version__), "triton": version("triton"), "python": platform.python_version()},
             "config": {"cost": cost_cfg.to_dict(), "ppo": asdict(ppo_cfg), "reward": reward.to_dict(), "seed": args.seed},
             "families": sorted({r["family"] for r in train}),
             "cost_model": {"rows": cost_info["rows"], "specs": cost_info["specs"],
