@@ -10,6 +10,7 @@ import pytest
 from mtmc.agents.context import Context
 from mtmc.agents.graph import checkpointer, compile_graph
 from mtmc.agents.runner import run_request
+from mtmc.policy import baseline, learned
 
 TEN_REQUESTS = [
     "Write a fused softmax over the rows of a 4096x8192 fp16 tensor",
@@ -45,9 +46,10 @@ def test_softmax_request_runs_the_whole_loop(tmp_path):
     for s in steps:  # every step is recorded with its action, reason and verdict
         assert s["action"] and s["reason"] and "verdict" in s and s["outcome"]
     planner_steps = [s for s in steps if s["origin"] == "planner"]
+    loaded = learned.load_policy()   # the shipped checkpoint plans; without one, the baseline
     for s in planner_steps:
         assert s["alternatives"] and abs(sum(a["prob"] for a in s["alternatives"])) <= 1.0001
-        assert "not the RL policy" in s["policy"]
+        assert s["policy"] == (loaded.name if loaded else baseline.POLICY_NAME)
         assert s["diff"].startswith("--- before.py")
     best = state["best"]["verdict"]
     assert best["measured"] is False and "estimate" in best["timing"]["label"]
