@@ -62,6 +62,7 @@ class Spec:
         self.best = min(self.ms.values()) if self.ms else None
         from mtmc.kernels.catalog import family_of
         self.default = family_of(self.spec).default_config(self.spec, self.hw)
+        self.space_size = math.prod(len(v) for v in family_of(self.spec).config_space(self.spec).values())
 
     def regret(self, key: str) -> float | None:
         ms = self.ms.get(key)
@@ -174,8 +175,9 @@ def roofline_order(s: Spec) -> list[str]:
 
 
 def evaluate_spec(s: Spec, loaded, max_trials: int, seeds: int) -> dict:
+    autotune = product_order(s)
     out = {"family": s.family, "spec_key": s.spec.key(), "gpu": s.hw.name, "configs": len(s.rows),
-           "timed": len(s.ms), "best_ms": s.best}
+           "timed": len(s.ms), "best_ms": s.best, "exhaustive": s.space_size == len(autotune)}
 
     def pol(config, tried, measured, stale, steps, max_steps, best_ms, verdict):
         if measured and stale >= 3:   # the loop's patience rule, as learned.decide applies it
@@ -195,9 +197,8 @@ def evaluate_spec(s: Spec, loaded, max_trials: int, seeds: int) -> dict:
     for name, order in (("cost_model_rank", model_order(s, loaded)), ("roofline_rank", roofline_order(s))):
         out[name] = {"first_pick_regret": s.regret(order[0]), "trials_to_95": first_hit(s, order),
                      "trials": len(order)}
-    order = product_order(s)
-    out["autotuner"] = {"first_pick_regret": next((s.regret(k) for k in order if k in s.ms), None),
-                        "trials_to_95": first_hit(s, order), "trials": len(order), "final_regret": 0.0}
+    out["autotuner"] = {"first_pick_regret": next((s.regret(k) for k in autotune if k in s.ms), None),
+                        "trials_to_95": first_hit(s, autotune), "trials": len(autotune), "final_regret": 0.0}
     keys = list(s.rows)
     hits = []
     for seed in range(seeds):
@@ -256,7 +257,9 @@ def aggregate(rows: list[dict]) -> dict:
     for r in rows:
         groups[r["family"]].append(r)
         groups["all"].append(r)
-    for fam, rs in sorted(groups.items()):
+        if r["exhaustive"]:   # every config of the space measured: the planners' walks are fully scorable
+            groups["all, whole space measured"].append(r)
+    for fam, rs in sorted(groups.items(), key=lambda kv: (not kv[0].startswith("all"), kv[0])):
         g = {"specs": len(rs), "configs_median": _median([r["configs"] for r in rs])}
         for m in METHODS:
             regrets = [r[m]["first_pick_regret"] for r in rs]
