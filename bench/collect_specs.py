@@ -196,13 +196,14 @@ def family_specs(name: str, n: int, seed: int, bases: list[KernelSpec], max_byte
     while mine and sum(map(len, picked.values())) < n and tries < 60 * n:
         offer(variant(mine[tries % len(mine)], rng, max_bytes))
         tries += 1
-    # mix the sets in proportion, so a run cut short still has both
+    # mix the sets in proportion, train first, so a run cut short still has both (with a held-out
+    # spec first, the H200's first 400 s measured only held-out specs: nothing to train on)
     train, held = picked["train"], picked["heldout"]
     out, every = [], max(1, round(len(train) / max(1, len(held))))
     for i, spec in enumerate(train):
-        if held and i % every == 0:
-            out.append(SpecEntry(held.pop(0), "heldout"))
         out.append(SpecEntry(spec, "train"))
+        if held and i % every == every - 1:
+            out.append(SpecEntry(held.pop(0), "heldout"))
     return out + [SpecEntry(s, "heldout") for s in held]
 
 

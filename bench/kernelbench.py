@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,9 +50,11 @@ BASELINE_MODES = ("eager", *COMPILE_MODES)
 TOLERANCES = ("1e-2", "1e-4")
 GROUP_LINES = 40
 FAST_TOL = "1e-2"   # "correct" in fast_1 and the geometric means: KernelBench's papers' tolerance
+UNFINISHED = ("timed out", "crashed")   # what --retry runs again
 EVALUATED = ("done", "failed")   # optimize statuses that leave a ModelNew file to evaluate
 CPU_MEMORY_MB = 8192   # the CPU evaluation child's cap (a GPU child gets none: CUDA reserves far more)
 LOG_TAIL_LINES = 15
+TIMELINE_LINES = 80   # progress lines kept with their arrival time in each record
 
 
 @dataclasses.dataclass
@@ -176,16 +179,26 @@ def run_optimize(cmd: list[str], log_path: Path, timeout_s: float, scratch: Path
     there, for the caller to remove even when the run was killed and could not clean up."""
     start = time.monotonic()
     env = {**os.environ, "TMPDIR": str(scratch)} if scratch is not None else None
+    timeline: list[list] = []
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, cwd=REPO,
-                                start_new_session=True, env=env, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=REPO, start_new_session=True, env=env, preexec_fn=die_with_parent)
+        # the log as optimize wrote it, and when each progress line came: where a task's time goes
+        tee = threading.Thread(target=_tee_timed, args=(proc.stderr, log, start, timeline), daemon=True)
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+        tee.start()
+        reader.start()
         try:
-            stdout, _ = proc.communicate(timeout=timeout_s)
+            proc.wait(timeout=timeout_s)
+            reader.join(timeout=30)
+            stdout = b"".join(chunks)
         except subprocess.TimeoutExpired:
             stdout = None
         finally:
             kill_tree(proc.pid)
             proc.wait()
+            tee.join(timeout=10)
     out = {"status": None, "seconds": round(time.monotonic() - start, 1), "rc": proc.returncode,
            "groups": None, "kernels": None, "check": None, "message": None}
     summary = parse_summary(stdout) if stdout is not None else None
@@ -203,7 +216,18 @@ def run_optimize(cmd: list[str], log_path: Path, timeout_s: float, scratch: Path
     if out["status"] != "done":
         out["message"] = "\n".join(filter(None, [out["message"], _tail(log_path)]))[-2000:]
     out["outcomes"] = group_outcomes(log_path)
+    out["timeline"] = timeline[:TIMELINE_LINES]
     return out
+
+
+def _tee_timed(stream, log, start: float, timeline: list) -> None:
+    """Copy optimize's progress lines to its log; note the second each step line arrived."""
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        log.flush()
+        line = raw.decode("utf-8", "replace").strip()
+        if line.startswith(("[", "==", "isolation", "memory:")):
+            timeline.append([round(time.monotonic() - start, 1), line[:90]])
 
 
 def group_outcomes(log_path: Path) -> list[str]:
@@ -556,10 +580,11 @@ def cluster_task(task: Task, opts: Options, baselines: tuple[dict, list[dict]] |
 
 
 def run_all(tasks: list[Task], opts: Options, records_path: Path, results: Results, cache: BaselineCache | None,
-            redo: bool, budget_s: float | None, engine: Engine | None = None) -> int:
+            redo: bool, budget_s: float | None, engine: Engine | None = None, retry: bool = False) -> int:
     """Every task not yet recorded, one after another, or as tasks of `engine`'s cluster."""
     done = latest_records(records_path)
-    todo = [t for t in tasks if redo or t.rel not in done]
+    unfinished = lambda rel: retry and (done[rel].get("optimize") or {}).get("status") in UNFINISHED
+    todo = [t for t in tasks if redo or t.rel not in done or unfinished(t.rel)]
     order = lambda records: sorted(records.values(), key=lambda r: _order(r["task"]))
     where = engine.describe() if engine else opts.device
     print(f"{len(tasks)} task(s); {len(tasks) - len(todo)} already recorded in {records_path} (--redo runs them "
@@ -617,6 +642,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", help="name of the records and tables (default: FOLDER name and GPU)")
     p.add_argument("--results-dir", default=str(REPO / "bench" / "results"))
     p.add_argument("--redo", action="store_true", help="run tasks already recorded under --out again")
+    p.add_argument("--retry", action="store_true",
+                   help="run again the recorded tasks whose optimize timed out or crashed")
     p.add_argument("--timeout", type=float, default=300.0, help="wall seconds of one `mtmc optimize`")
     p.add_argument("--eval-timeout", type=float, default=600.0, help="wall seconds of one task's evaluation")
     p.add_argument("--compile-timeout", type=float, default=600.0, help="wall seconds of one baseline (one mode)")
@@ -652,7 +679,8 @@ def main(argv=None) -> int:
         signal.signal(sig, _interrupt)   # so the children are killed on the way out
     try:
         with open_engine(args, cpu_only=device == "cpu") as engine:
-            run_all(tasks, opts, results.dir / f"{name}.jsonl", results, cache, args.redo, args.budget, engine)
+            run_all(tasks, opts, results.dir / f"{name}.jsonl", results, cache, args.redo, args.budget, engine,
+                    retry=args.retry)
     except KeyboardInterrupt:
         print("interrupted: the finished tasks are recorded; run again to continue", file=sys.stderr)
         return 130

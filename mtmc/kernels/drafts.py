@@ -155,21 +155,25 @@ def _lend(key: tuple) -> PairChecker | None:
     return found
 
 
+def _close_idle(device: str, keep: tuple) -> None:
+    """Close the references on `device` that no check holds, but `keep` (under _CHECKERS_LOCK)."""
+    for k in [k for k, c in _CHECKERS.items() if k[2] == device and k != keep and not c.lent]:
+        _CHECKERS.pop(k).close()
+
+
 @contextmanager
 def _checker(spec: KernelSpec, dims: dict, device: str, timeout_s: float):
     """The open guard reference for this spec at these dims, lent for one check (opened on first
     use, opened again when its session died; past MAX_REFERENCES the oldest one not lent out is
-    closed).  On a GPU the reference holds full-size tensors there: it is closed after the check."""
-    if device == "cuda":
-        checker = PairChecker(spec, dims, device, timeout_s)
-        try:
-            yield checker
-        finally:
-            checker.close()
-        return
+    closed).  On a GPU the reference holds full-size tensors there (tens of GB at KernelBench
+    size), so before one opens every idle GPU reference of another spec is closed; the draft
+    loop's next guarded draft of the same spec reuses it (on the H200 each new reference cost
+    ~20 s of a task's time)."""
     key = (spec.key(), json.dumps(dims, sort_keys=True), device)
     with _CHECKERS_LOCK:
         found = _lend(key)
+        if found is None and device == "cuda":
+            _close_idle(device, key)
     if found is None:   # opened outside the lock: other groups' checks go on meanwhile
         opened = PairChecker(spec, dims, device, timeout_s)
         with _CHECKERS_LOCK:
