@@ -289,7 +289,13 @@ def markdown(meta: dict, agg: dict, legal: dict) -> str:
              f"Checkpoint: `{meta['checkpoint']}` ({meta['policy']}).",
              f"Data: {meta['data']['records']} records ({meta['data']['measured']} with a GPU time) from "
              f"{', '.join(meta['data']['devices'])}; held-out specs scored: {agg.get('all', {}).get('specs', 0)}.",
-             "Scored only on configs the dataset measured; see bench/policy_eval.py for the definitions.", "",
+             "Scored only on configs the dataset measured; see bench/policy_eval.py for the definitions."]
+    if meta.get("in_sample"):
+        lines += ["", "**In-sample:** this checkpoint was trained on the held-out split too (the data held too "
+                  "few specs to hold any out), so the policy's and the cost model's numbers below are on specs "
+                  "they were trained on, not a generalization result. The cost model's leave-one-spec-out "
+                  f"score: {meta['in_sample']}."]
+    lines += ["",
              "## First pick (no GPU trial): share within 10 % of the best measured, median regret", "",
              "| family | specs | " + " | ".join(METHODS) + " |", "|---|---|" + "---|" * len(METHODS)]
     for fam, g in agg.items():
@@ -311,6 +317,17 @@ def markdown(meta: dict, agg: dict, legal: dict) -> str:
     if legal["violations"]:
         lines += [f"- {v}" for v in legal["violations"][:20]]
     return "\n".join(lines) + "\n"
+
+
+def _in_sample(meta: dict) -> str | None:
+    """None when the checkpoint held the held-out split out; else its leave-one-spec-out score."""
+    if "heldout" not in meta.get("trained_on_sets", ["train"]):
+        return None
+    loo = (meta.get("cost_model") or {}).get("eval", {}).get("leave_one_spec_out") or {}
+    if not loo.get("specs"):
+        return "none (too few specs)"
+    return (f"mean Spearman {loo['spearman']:.2f}, median top-1 regret {loo['top1_regret_median']:.0%} "
+            f"over {loo['specs']} specs")
 
 
 def parse_args(argv=None):
@@ -360,7 +377,8 @@ def main(argv=None) -> int:
     meta = run_meta(checkpoint=str(Path(loaded.path).resolve().relative_to(ROOT)) if Path(loaded.path).resolve()
                     .is_relative_to(ROOT) else loaded.path, policy=loaded.name,
                     data=data_summary(paths, {str(p): dataset.load(p) for p in paths}),
-                    max_trials=args.max_trials, random_seeds=args.random_seeds)
+                    max_trials=args.max_trials, random_seeds=args.random_seeds,
+                    in_sample=_in_sample(loaded.meta))
     stem = args.name or f"{dt.datetime.now(dt.timezone.utc).date().isoformat()}-policy-eval"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -255,3 +255,18 @@ def test_train_is_reproducible(tmp_path, data):
     for k, v in a["policy"]["state_dict"].items():
         assert torch.equal(v, b["policy"]["state_dict"][k]), k
     assert torch.equal(a["cost_model"]["nets"][0]["head.weight"], b["cost_model"]["nets"][0]["head.weight"])
+
+
+def test_training_on_the_held_out_split_says_so(tmp_path, data):
+    from bench import policy_eval
+    folder, _ = data
+    out = tmp_path / "all.pt"
+    assert train.main(["--data", str(folder), "--out", str(out), "--cost-epochs", "2", "--members", "1",
+                       "--iterations", "1", "--episodes", "8", "--allow-unmeasured", "--with-heldout"]) == 0
+    meta = learned.load_policy(out).meta
+    assert meta["trained_on_sets"] == ["train", "heldout"]
+    loo = meta["cost_model"]["eval"]["leave_one_spec_out"]
+    assert loo["specs"] > 0 and "heldout_in_sample" in meta["cost_model"]["eval"]
+    assert policy_eval.main(["--data", str(folder), "--checkpoint", str(out), "--out", str(tmp_path),
+                             "--name", "e", "--random-seeds", "2", "--max-trials", "4", "--allow-unmeasured"]) == 0
+    assert "**In-sample:**" in (tmp_path / "e.md").read_text()

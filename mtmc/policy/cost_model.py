@@ -308,3 +308,26 @@ def rank_metrics(model: CostModel, records: list[dict], with_resources: bool = F
                                "top1_regret_mean": round(sum(b for _, b in v) / len(v), 4)}
                            for f, v in sorted(per.items())}}
 
+
+
+def leave_one_out(records: list[dict], layout: Layout, cfg: CostConfig, max_specs: int = 12) -> dict:
+    """rank_metrics of each spec (up to max_specs) by a one-member model fitted on all the other
+    specs' rows: the held-out estimate when the held-out specs themselves are trained on."""
+    keys = sorted({r["spec_key"] for r in records})[:max_specs]
+    one = CostConfig(**{**cfg.to_dict(), "members": 1})
+    per = []
+    for k in keys:
+        rest = [r for r in records if r["spec_key"] != k]
+        mine = [r for r in records if r["spec_key"] == k]
+        try:
+            model, _ = train_cost_model(rest, layout, one)
+        except ValueError:   # nothing else to fit on
+            continue
+        m = rank_metrics(model, mine)
+        if m.get("specs"):
+            per.append({"spec_key": k, "family": mine[0]["family"], "spearman": m["spearman"],
+                        "top1_regret": m["top1_regret_median"]})
+    if not per:
+        return {"specs": 0}
+    return {"specs": len(per), "spearman": sum(p["spearman"] for p in per) / len(per),
+            "top1_regret_median": sorted(p["top1_regret"] for p in per)[len(per) // 2], "per_spec": per}

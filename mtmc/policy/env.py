@@ -201,11 +201,12 @@ class PlanEnv:
         return r
 
 
-def worlds_of(records: list[dict], model: CostModel, which: str = "train") -> list[SpecWorld]:
-    """A world per (spec, GPU) of the records in set `which` whose family the model knows."""
+def worlds_of(records: list[dict], model: CostModel, which: str | tuple = "train") -> list[SpecWorld]:
+    """A world per (spec, GPU) of the records in set(s) `which` whose family the model knows."""
+    sets = (which,) if isinstance(which, str) else tuple(which)
     by: dict[tuple, list] = {}
     for r in records:
-        if r.get("set") == which and r["family"] in model.layout.families:
+        if r.get("set") in sets and r["family"] in model.layout.families:
             by.setdefault((r["spec_key"], r["gpu"]), []).append(r)
     out = []
     for rows in by.values():

@@ -11,7 +11,9 @@
    JSON-able meta: the data files and their record counts, GPUs, versions, date, the training
    configs, the evaluation numbers and the training time.
 Seeded (Python's and torch's RNGs, one CPU thread): the same data and seed give the same weights.
-Records without a real GPU time (the interpreter's, or a test fixture) are refused unless
+--with-heldout trains on the held-out split too (when the data is too small to hold any out: the
+meta says so, the cost model's score is then leave-one-spec-out, and bench.policy_eval's numbers
+are in-sample).  Records without a real GPU time (the interpreter's, or a test fixture) are refused unless
 --allow-unmeasured, so a checkpoint never silently rests on made-up times; the meta says which.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 
 from mtmc.kernels.spec import KernelSpec
 from mtmc.policy import dataset
-from mtmc.policy.cost_model import CostConfig, CostModel, rank_metrics, train_cost_model
+from mtmc.policy.cost_model import CostConfig, CostModel, leave_one_out, rank_metrics, train_cost_model
 from mtmc.policy.env import PlanEnv, RewardConfig, SpecWorld, action_size, start_config, worlds_of
 from mtmc.policy.features import Layout
 from mtmc.policy.network import ActorCritic, pad
@@ -245,6 +247,9 @@ def parse_args(argv=None):
     p.add_argument("--members", type=int, default=CostConfig.members)
     p.add_argument("--iterations", type=int, default=PPOConfig.iterations)
     p.add_argument("--episodes", type=int, default=PPOConfig.episodes)
+    p.add_argument("--with-heldout", action="store_true",
+                   help="also train on the held-out split (too little data for a split); the meta says so, "
+                        "and the cost model is scored leave-one-spec-out instead")
     p.add_argument("--allow-unmeasured", action="store_true",
                    help="train on rows without a GPU time (tests, fixtures); the meta says so")
     return p.parse_args(argv)
@@ -263,7 +268,8 @@ def main(argv=None) -> int:
         print(f"no usable records in {', '.join(args.data)} (measured GPU rows; --allow-unmeasured "
               "for others)", file=sys.stderr)
         return 2
-    train = [r for r in records if r["set"] == "train"]
+    sets = ("train", "heldout") if args.with_heldout else ("train",)
+    train = [r for r in records if r["set"] in sets]
     held = [r for r in records if r["set"] == "heldout"]
     specs = {r["spec_key"]: KernelSpec.from_dict(r["spec"]) for r in records}
     layout = Layout.build(list(specs.values()), [r["config"] for r in records])
@@ -272,11 +278,15 @@ def main(argv=None) -> int:
     cost_cfg = CostConfig(epochs=args.cost_epochs, members=args.members, seed=args.seed)
     cost, cost_info = train_cost_model(train, layout, cost_cfg, log=print)
     cost_eval = {"heldout": rank_metrics(cost, held), "train": rank_metrics(cost, train)}
+    if args.with_heldout:   # the held-out rows were trained on: only a leave-one-spec-out fit scores them
+        cost_eval["heldout_in_sample"] = cost_eval.pop("heldout")
+        cost_eval["leave_one_spec_out"] = leave_one_out(records, layout, cost_cfg)
+        cost_eval["heldout"] = {k: v for k, v in cost_eval["leave_one_spec_out"].items() if k != "per_spec"}
     print(f"cost model: held-out Spearman {cost_eval['heldout'].get('spearman', float('nan')):.3f} over "
           f"{cost_eval['heldout'].get('specs', 0)} specs ({time.monotonic() - t0:.0f} s)")
     reward = RewardConfig()
     ppo_cfg = PPOConfig(iterations=args.iterations, episodes=args.episodes, seed=args.seed)
-    worlds = worlds_of(records, cost, "train")
+    worlds = worlds_of(records, cost, sets)
     net, history = train_policy(worlds, layout, reward, ppo_cfg)
     policy_eval = {"train": greedy_eval(net, worlds, reward),
                    "heldout": greedy_eval(net, worlds_of(records, cost, "heldout"), reward)}
@@ -284,7 +294,7 @@ def main(argv=None) -> int:
     from importlib.metadata import version
     meta = {"trained": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "data": data_summary(paths, by_file), "used_records": len(records),
-            "measured_only": not args.allow_unmeasured,
+            "measured_only": not args.allow_unmeasured, "trained_on_sets": list(sets),
             "versions": {"torch": str(torch.__version__), "triton": version("triton"), "python": platform.python_version()},
             "config": {"cost": cost_cfg.to_dict(), "ppo": asdict(ppo_cfg), "reward": reward.to_dict(), "seed": args.seed},
             "families": sorted({r["family"] for r in train}),
