@@ -46,24 +46,13 @@ def pool_init() -> None:
         pass
 
 
-def resources_of(report: dict) -> dict:
-    """The dataset's resources of a ResourceReport dict: the worst kernel of the source's launches."""
-    ks = [k for k in report.get("kernels", []) if not k.get("error")]
-    regs = [k["regs"] for k in ks if k.get("regs") is not None]
-    return {"regs": max(regs) if regs else None,
-            "spills": max(k.get("spill_bytes", 0) for k in ks) if ks and regs else None,
-            "smem": max(k.get("shared_bytes", 0) for k in ks) if ks else None,
-            "threads": max(k["num_warps"] * 32 for k in ks) if ks else None,
-            "occupancy": min(k.get("occupancy", 0.0) for k in ks) if ks else None}
-
-
 def compile_job(spec: dict, config: dict, dims: dict, profile: dict) -> dict:
     """{"source", "resources", "error"}: error (short text) when rendering or compiling fails or
     the compiled kernel breaks a hard limit (shared memory, registers per SM)."""
     from mtmc.kernels.catalog import family_of
     from mtmc.kernels.spec import KernelSpec
     from mtmc.kernels.task import compile_resources
-    from mtmc.policy.dataset import no_resources
+    from mtmc.policy.dataset import no_resources, resources_of
     from mtmc.tools.hardware import HardwareProfile
     ks = KernelSpec.from_dict(spec)
     try:

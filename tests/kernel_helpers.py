@@ -2,6 +2,7 @@
 
   template_kernels(groups)  each module group's family template at its default config
   compile_defaults(specs)   sm_90 resource reports of each spec's default config
+  compile_configs(items)    sm_90 resource reports of given (spec, config) pairs
 """
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ from mtmc.tools.hardware import PROFILES
 from mtmc.kernels.task import compile_resources
 h200 = PROFILES["h200"]
 out = {}
-for name, d in json.loads(sys.stdin.read()).items():
-    spec = KernelSpec.from_dict(d)
+for name, item in json.loads(sys.stdin.read()).items():
+    spec = KernelSpec.from_dict(item["spec"])
     family = family_of(spec)
-    cfg = family.default_config(spec, h200)
+    cfg = item["config"] or family.default_config(spec, h200)
     source = family.render(spec, cfg)
     if name.endswith("index64"):   # the 64-bit offsets of tensors past 2**31 elements
         source = source.replace("INDEX_64 = max(", "INDEX_64 = True or max(")
@@ -52,9 +53,15 @@ print(json.dumps(out))
 def compile_defaults(specs: dict) -> dict:
     """Resource reports of each spec's default config for sm_90, from one child with the
     interpreter off (this process's Triton may be the interpreter's)."""
+    return compile_configs({name: (d, None) for name, d in specs.items()})
+
+
+def compile_configs(items: dict) -> dict:
+    """name -> (spec dict, config or None for the default): sm_90 resource reports, as above."""
+    items = {name: {"spec": d, "config": cfg} for name, (d, cfg) in items.items()}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", COMPILE_CHILD], input=json.dumps(specs), capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", COMPILE_CHILD], input=json.dumps(items), capture_output=True,
                           text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,6 +16,7 @@ class Context:
     out_path: str | None = None   # where finalize writes the kernel file
     llm: object | None = None     # an optional chat model (mtmc.tools.llm): the parser role (request.llm_parse)
     compile_baseline: bool = True  # also time torch.compile (one compile per run); module groups skip it
+    planner: str = "policy"       # "policy" (the learned one) or "baseline"; MTMC_PLANNER overrides it
 
 
 def known_target(target: str) -> bool:

@@ -194,9 +194,14 @@ def _decision(d: dict) -> list[str]:
     lines.append(f"Reason: {d.get('reason') or 'not recorded'}")
     alts = d.get("alternatives") or []
     if alts:
-        lines.append("Top alternatives the policy weighed (probability, predicted time):")
+        # the learned planner labels its numbers (a cost model's predictions); the baseline's are
+        # roofline estimates
+        source = alts[0].get("source") or "roofline estimate"
+        lines.append(f"Top alternatives the policy weighed (probability, predicted time; {source}):")
         lines += [f"  - {a['action']}: p={a['prob']:.2f}"
                   + (f", {a['predicted_ms']:.4f} ms" if isinstance(a.get("predicted_ms"), (int, float)) else "")
+                  + (f" ({a['predicted_gain']:+.1%} vs now)" if isinstance(a.get("predicted_gain"), (int, float)) else "")
+                  + (f", validity {a['p_valid']:.2f}" if isinstance(a.get("p_valid"), (int, float)) else "")
                   for a in alts[:5]]
     if d.get("policy"):
         lines.append(f"Policy: {d['policy']}")

@@ -1,5 +1,13 @@
-"""plan node (macro): choose the next action for the best draft, or stop."""
+"""plan node (macro): choose the next action for the best draft, or stop.
+
+The planner is the learned policy (policy.learned: the RL-trained actor-critic over the learned
+cost model, falling back to the baseline where it has no checkpoint or family);
+Context.planner = "baseline", or MTMC_PLANNER=baseline in the environment, runs the greedy
+roofline baseline (policy.baseline) instead, for comparison.
+"""
 from __future__ import annotations
+
+import os
 
 from langgraph.runtime import Runtime
 
@@ -8,8 +16,11 @@ from mtmc.agents.context import Context
 from mtmc.agents.stream import emit
 from mtmc.agents.state import State
 from mtmc.kernels.spec import KernelSpec
-from mtmc.policy import baseline
+from mtmc.policy import baseline, learned
+from mtmc.policy.dataset import resources_of
 from mtmc.tools.hardware import resolve
+
+PLANNERS = ("policy", "baseline")
 
 
 def history_used(state: State, warm_start: str | None) -> dict:
@@ -18,17 +29,46 @@ def history_used(state: State, warm_start: str | None) -> dict:
     return {"warm_start": warm_start, "retrieved": [h["id"] for h in state.get("retrieved") or []]}
 
 
+def which_planner(ctx: Context) -> str:
+    """MTMC_PLANNER when set, else the context's choice."""
+    name = os.environ.get("MTMC_PLANNER") or ctx.planner
+    if name not in PLANNERS:
+        raise ValueError(f"unknown planner {name!r}; choose one of {', '.join(PLANNERS)}")
+    return name
+
+
+def last_verdict(state: State) -> str:
+    """The last step's verdict in the policy's words (policy.env.VERDICTS)."""
+    steps = state.get("steps") or []
+    if len(steps) <= 1:
+        return "start"
+    last = steps[-1]
+    verdict = last.get("verdict") or {}
+    if verdict.get("ok"):
+        return "faster" if str(last.get("outcome", "")).startswith("accepted") else "slower"
+    # built but wrong (the quick check or the guard); a compile failure, timeout or crash otherwise
+    return "wrong" if verdict.get("stage") in ("check", "guard") else "compile_error"
+
+
 def plan(state: State, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     spec = KernelSpec.from_dict(state["spec"])
     best = state["best"]
-    measured = bool(best.get("verdict", {}).get("measured"))
+    verdict = best.get("verdict") or {}
+    measured = bool(verdict.get("measured"))
     moves = sum(1 for s in state.get("steps", []) if s.get("origin") == "planner")
-    decision = baseline.decide(
-        spec, best["config"], resolve(ctx.target), tried=set(state.get("tried", [])),
-        measured=measured, steps_taken=moves, max_steps=ctx.max_steps,
-        stale_steps=state.get("stale_steps", 0), patience=ctx.patience,
-    ).to_dict()
+    common = dict(tried=set(state.get("tried", [])), measured=measured, steps_taken=moves, max_steps=ctx.max_steps,
+                  stale_steps=state.get("stale_steps", 0), patience=ctx.patience)
+    hw = resolve(ctx.target)
+    if which_planner(ctx) == "baseline":
+        decision = baseline.decide(spec, best["config"], hw, **common)
+    else:
+        report = verdict.get("resources")
+        decision = learned.decide(spec, best["config"], hw, **common,
+                                  current_ms=best.get("time_ms") if measured else None,
+                                  last_verdict=last_verdict(state),
+                                  resources=resources_of(report) if isinstance(report, dict) else None)
+    decision = decision.to_dict()
     decision["origin"] = "planner"
     first = (state.get("steps") or [{}])[0]
     decision["history"] = history_used(state, (first.get("history") or {}).get("warm_start"))

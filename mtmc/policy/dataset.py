@@ -61,6 +61,18 @@ def no_resources() -> dict:
     return dict.fromkeys(RESOURCE_FIELDS)
 
 
+def resources_of(report: dict) -> dict:
+    """The dataset's resources of a ResourceReport dict (tools.target_compile): the worst kernel of
+    the source's launches.  The planner reads a draft's verdict the same way."""
+    ks = [k for k in report.get("kernels", []) if not k.get("error")]
+    regs = [k["regs"] for k in ks if k.get("regs") is not None]
+    return {"regs": max(regs) if regs else None,
+            "spills": max(k.get("spill_bytes", 0) for k in ks) if ks and regs else None,
+            "smem": max(k.get("shared_bytes", 0) for k in ks) if ks else None,
+            "threads": max(k["num_warps"] * 32 for k in ks) if ks else None,
+            "occupancy": min(k.get("occupancy", 0.0) for k in ks) if ks else None}
+
+
 def unit(*parts) -> float:
     """A number in [0, 1) fixed by the parts alone (the same in every process, run and machine)."""
     return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) / 2**32
