@@ -438,7 +438,9 @@ def app_home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def app_url(app_home):
     from mtmc.ui.process import running_app
-    env = {"MTMC_HOME": str(app_home), "MTMC_MAX_STEPS": "1", "MTMC_AUTH": ":".join(AUTH)}
+    # these tests drive the UI through one planner move and its why-answer: the greedy baseline
+    # takes that move offline, the learned policy (trained on 6 specs) stops at step 0 for this request
+    env = {"MTMC_HOME": str(app_home), "MTMC_MAX_STEPS": "1", "MTMC_AUTH": ":".join(AUTH), "MTMC_PLANNER": "baseline"}
     with running_app(env, log=app_home / "app.log", flags=False) as url:   # GRADIO_SERVER_NAME / _PORT
         yield url
 

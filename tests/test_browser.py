@@ -49,7 +49,9 @@ NEWEST_IN_VIEW = """() => {
 def app_url(tmp_path_factory):
     from mtmc.ui.process import running_app
     home = tmp_path_factory.mktemp("browser-home")
-    with running_app({"MTMC_HOME": str(home), "MTMC_MAX_STEPS": "1"}, log=home / "app.log") as url:
+    # one planner move to click through: the baseline takes it offline (the learned policy stops at step 0 here)
+    with running_app({"MTMC_HOME": str(home), "MTMC_MAX_STEPS": "1", "MTMC_PLANNER": "baseline"},
+                     log=home / "app.log") as url:
         yield url
 
 
