@@ -1,8 +1,8 @@
 """The import rules of ../shared/DESIGN.md's Layout (and docs/ARCHITECTURE.md), read from the code.
 
 Packages import one way:  app, ui, commands -> agents -> {request, module, kernels, policy, memory}
--> tools;  tools imports nothing above it;  nothing imports ui or commands (but app.py and the
-command line's entry, mtmc/cli.py, which the benchmarks run);  no import cycle between modules or
+-> tools;  tools imports nothing above it;  nothing imports ui or commands (but app.py, and the
+benchmarks, which run the command line's entry mtmc/commands/cli.py);  no import cycle between modules or
 between packages.
 
 Every import counts, the lazy ones inside functions included, and so does a string that names a
@@ -18,12 +18,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Layers, top first; packages of one layer may import each other, without cycles.
-LAYERS = [{"app", "bench", "ui", "commands", "cli"}, {"agents"}, {"request", "module", "kernels", "policy", "memory"},
+LAYERS = [{"app", "bench", "ui", "commands"}, {"agents"}, {"request", "module", "kernels", "policy", "memory"},
           {"tools"}]
 RANK = {pkg: len(LAYERS) - i for i, layer in enumerate(LAYERS) for pkg in layer}
-# Who may import the top layer: app.py the chat, the command line its commands, and the
-# benchmarks the command line (they run `mtmc optimize` as a user does).
-ENTRY = {"ui": {"app"}, "commands": {"cli"}, "cli": {"bench"}}
+# Who may import the top layer: app.py the chat, and the benchmarks the command line (they run
+# `mtmc optimize` as a user does); the command line's dispatcher lives inside commands.
+ENTRY = {"ui": {"app"}, "commands": {"bench"}}
 
 
 def _modules() -> dict[str, Path]:

@@ -334,7 +334,7 @@ def test_host_memory_is_the_least_of_meminfo_and_the_cgroup(monkeypatch):
 
 def test_plan_only_json_from_the_command_line(tmp_path):
     path = write(tmp_path, "huge.py", HUGE)
-    proc = subprocess.run([sys.executable, "-m", "mtmc.cli", "optimize", str(path), "--plan-only", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "mtmc.commands.cli", "optimize", str(path), "--plan-only", "--json"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads(proc.stdout)

@@ -92,7 +92,7 @@ def _optimize_processes(name: str) -> list:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "mtmc.cli optimize" in cmd and name in cmd:
+        if "mtmc.commands.cli optimize" in cmd and name in cmd:
             out.append(p)
     return out
 

@@ -127,7 +127,7 @@ def test_planted_register_spills_are_repaired():
 @pytest.mark.parametrize("request_text", TEN_REQUESTS)
 def test_cli_generate_serves_differently_worded_requests(request_text, tmp_path):
     out = tmp_path / "k.py"
-    proc = subprocess.run([sys.executable, "-m", "mtmc.cli", "generate", request_text, "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "mtmc.commands.cli", "generate", request_text, "--out", str(out),
                            "--target", "h200", "--max-steps", "1", "--json"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,7 +137,7 @@ def test_cli_generate_serves_differently_worded_requests(request_text, tmp_path)
 
 
 def test_cli_rejects_what_it_cannot_serve(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mtmc.cli", "generate", "sort a list of strings",
+    proc = subprocess.run([sys.executable, "-m", "mtmc.commands.cli", "generate", "sort a list of strings",
                            "--out", str(tmp_path / "x.py")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "support" in (proc.stdout + proc.stderr).lower()

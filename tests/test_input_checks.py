@@ -15,7 +15,7 @@ HUGE = "relu on a 1000000x1000000 fp32 tensor"          # 4 TB in, 4 TB out
 
 
 def _mtmc(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtmc.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mtmc.commands.cli", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd)
 
 

@@ -197,7 +197,7 @@ def test_code_in_a_private_checkout_stays_importable_after_the_drop(tmp_path, mo
 
 
 def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtmc.cli", *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "mtmc.commands.cli", *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **env})
 
 

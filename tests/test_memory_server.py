@@ -54,7 +54,7 @@ def chroma_server(tmp_path):
 
 
 def _cli_search(*args) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "mtmc.cli", "memory", "search", *args, "--json"],
+    proc = subprocess.run([sys.executable, "-m", "mtmc.commands.cli", "memory", "search", *args, "--json"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [h["id"] for h in json.loads(proc.stdout)]

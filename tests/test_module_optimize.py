@@ -20,7 +20,7 @@ from mtmc.agents.context import Context
 from mtmc.agents.module_flow import (
     Rejected, assemble_checked, capture_in_child, check_in_child, check_syntax, optimize_module, reference_run,
 )
-from mtmc.cli import main as cli_main
+from mtmc.commands.cli import main as cli_main
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module.assemble import assemble, prefix_names
@@ -567,7 +567,7 @@ def test_optimize_module_end_to_end(name, tmp_path):
 def test_cli_optimize_json_report_and_standalone_file(tmp_path):
     out, report = tmp_path / "new.py", tmp_path / "report.md"
     env = {**os.environ, "MTMC_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "mtmc.cli", "optimize", str(MODULES / "conv_bias_act.py"),
+    proc = subprocess.run([sys.executable, "-m", "mtmc.commands.cli", "optimize", str(MODULES / "conv_bias_act.py"),
                            "--out", str(out), "--report", str(report), "--json", "--max-steps", "0",
                            "--target", "h200"], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtmc.cli import main
+from mtmc.commands.cli import main
 from mtmc.tools.guard.report import format_verdict
 from mtmc.tools.guard.verifier import check_candidate, run_reference, verify
 from mtmc.tools.guard import checks as C

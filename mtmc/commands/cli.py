@@ -1,4 +1,6 @@
-"""`mtmc` command line.  Each subcommand lives in mtmc/commands/<name>.py with register(sub)."""
+"""`mtmc` command line (`python -m mtmc.commands.cli`).  Each subcommand lives in
+mtmc/commands/<name>.py with register(sub); this dispatcher is the one module of the package
+that imports the others."""
 from __future__ import annotations
 
 import argparse
