@@ -78,3 +78,22 @@ def test_all_pytorch_model_new_skips_the_whole_module_check(tmp_path, monkeypatc
     assert check["status"] == "passed" and check["reason"] == module_steps.NOTHING_TO_CHECK
     assert "class ModelNew" in out.read_text()
     assert events and events[0]["event"] == "module_check"
+
+
+def test_the_module_checks_gpu_reference_first_closes_the_groups_idle_ones(monkeypatch):
+    """Only idle GPU references: a CPU one (reused across chat runs) and one in use stay open."""
+    monkeypatch.setattr(drafts, "PairChecker", _Ref)
+    monkeypatch.setattr(module_steps, "run_reference", lambda *a, **k: "the module's reference")
+    _Ref.opened = []
+    drafts.close_checkers()
+    a, b = _spec(4096), _spec(8192)
+    with drafts._checker(b, b.dims, "cuda", 60):        # a group's check under way
+        with drafts._checker(a, a.dims, "cuda", 60):
+            pass
+        with drafts._checker(a, a.dims, "cpu", 60):
+            pass
+        gpu_lent, gpu_idle, cpu_idle = _Ref.opened
+        assert not gpu_idle.closed
+        assert module_steps.reference_run("model.py", gpu=True, timeout_s=60) == "the module's reference"
+        assert gpu_idle.closed and not cpu_idle.closed and not gpu_lent.closed
+    drafts.close_checkers()

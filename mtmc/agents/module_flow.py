@@ -47,7 +47,6 @@ from mtmc.module.report import markdown_report, summary_json
 from mtmc.agents.runner import FRESH_RUN, stream_run
 from mtmc.agents.stream import emit
 from mtmc.kernels.catalog import describe
-from mtmc.kernels.drafts import close_checkers
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module import graph_stage
 from mtmc.module.fusion import Group, Partition, partition
@@ -194,7 +193,6 @@ def assemble(state: ModuleState) -> dict:
 
 def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
     """The whole-module check by the guard; groups that break it fall back (ModelNew rewritten)."""
-    close_checkers()   # the groups' guard references (full-size GPU tensors) are done with
     outcomes = _outcomes_by_id(state)
     original = {**state["captured"], "graphs": state["original_graphs"]} if state.get("original_graphs") else None
     result = steps.assemble_checked(state["path"], state["captured"], _groups(state), outcomes,
@@ -213,8 +211,7 @@ def time_it(state: ModuleState, runtime: Runtime[Context]) -> dict:
     """ModelNew against eager and torch.compile, on a GPU and only after it passed the check."""
     if not (state["gpu"] and state["check"]["status"] == "passed"):
         return {"timing": None}
-    if not steps.has_kernels(_groups(state), _outcomes_by_id(state)) and not state.get("original_graphs"):
-        # no kernel, no rewrite: ModelNew is Model's own code, 1.00x by construction
+    if state["check"].get("model_own_code"):   # no kernel, no rewrite: 1.00x by construction
         return {"timing": {"measured": False, "error": "not timed: no Triton kernel (ModelNew is Model's own code)"}}
     timing = steps.time_in_child(state["out_path"], runtime.context.timeout_s)
     emit(E.build("module_time", **timing))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mtmc.agents import events as E
 from mtmc.kernels.catalog import describe
+from mtmc.kernels.drafts import close_idle_references
 from mtmc.kernels.spec import KernelSpec
 from mtmc.module import worker as module_worker
 from mtmc.module.assemble import assemble
@@ -173,6 +174,8 @@ INTERPRETER_MAX_ELEMS = 1 << 20  # per input tensor in the interpreter's check: 
 def reference_run(upload: str, gpu: bool, timeout_s: float) -> ReferenceRun | dict:
     """The trusted run of the upload's Model that every ModelNew version is checked against
     (guard.run_reference, once per upload), or the check's result when none can be made."""
+    if gpu:   # the groups' idle guard references hold full-size tensors on the GPU
+        close_idle_references("cuda")
     try:
         return run_reference(upload, "cuda" if gpu else "cpu", timeout_s, None if gpu else MEMORY_MB,
                              max_elems=None if gpu else INTERPRETER_MAX_ELEMS)
@@ -202,10 +205,6 @@ NOTHING_TO_CHECK = ("not run: no Triton kernel, every group stays PyTorch, so Mo
                     "code (identical by construction)")
 
 
-def has_kernels(groups: list[Group], outcomes: dict[int, dict]) -> bool:
-    return bool(_kernels(groups, outcomes))
-
-
 def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -227,7 +226,7 @@ def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes:
     the H200."""
     if not _kernels(groups, outcomes) and original is None:
         write_model_new(Path(upload).read_text(), captured, groups, outcomes, out)
-        check = {"status": "passed", "reason": NOTHING_TO_CHECK, "verdict": None}
+        check = {"status": "passed", "reason": NOTHING_TO_CHECK, "verdict": None, "model_own_code": True}
         _emit(on_event, E.ModuleCheck(status=check["status"], reason=check["reason"]))
         return check
     ref = reference_run(upload, gpu, timeout_s)

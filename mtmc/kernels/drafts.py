@@ -155,7 +155,7 @@ def _lend(key: tuple) -> PairChecker | None:
     return found
 
 
-def _close_idle(device: str, keep: tuple) -> None:
+def _close_idle(device: str, keep: tuple | None) -> None:
     """Close the references on `device` that no check holds, but `keep` (under _CHECKERS_LOCK)."""
     for k in [k for k, c in _CHECKERS.items() if k[2] == device and k != keep and not c.lent]:
         _CHECKERS.pop(k).close()
@@ -190,6 +190,13 @@ def _checker(spec: KernelSpec, dims: dict, device: str, timeout_s: float):
     finally:
         with _CHECKERS_LOCK:
             found.lent -= 1
+
+
+def close_idle_references(device: str) -> None:
+    """Close the open references on `device` that no check holds: before another full-size
+    reference opens on a GPU (the module check's), the groups' idle ones give back their memory."""
+    with _CHECKERS_LOCK:
+        _close_idle(device, None)
 
 
 def close_checkers() -> None:
