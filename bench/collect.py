@@ -315,20 +315,18 @@ def parse_args(argv=None):
 
 # -- many GPUs ------------------------------------------------------------------------------------
 
+SHARD_DROPS = ("--gpus", "--scheduler", "--retries", "--workers", "--shard")   # options a shard gets anew
+
+
 def shard_argv(argv: list[str], i: int, n: int, workers: int) -> list[str]:
     """The command line of shard i of n: the run's own, without the cluster's options, with its
     share of the compile workers (the shards share the host's cores)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--gpus", "--scheduler", "--retries", "--workers", "--shard"):
-            skip = True
-            continue
-        if a.split("=", 1)[0] in ("--gpus", "--scheduler", "--retries", "--workers", "--shard"):
-            continue
-        out.append(a)
+    out, rest = [], iter(argv)
+    for a in rest:
+        if a.split("=", 1)[0] not in SHARD_DROPS:
+            out.append(a)
+        elif "=" not in a:
+            next(rest, None)   # "--gpus 8": its value goes too
     return [*out, "--workers", str(workers), "--shard", f"{i}/{n}"]
 
 
