@@ -180,19 +180,17 @@ def run_optimize(cmd: list[str], log_path: Path, timeout_s: float, scratch: Path
     start = time.monotonic()
     env = {**os.environ, "TMPDIR": str(scratch)} if scratch is not None else None
     timeline: list[list] = []
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=REPO, start_new_session=True, env=env, preexec_fn=die_with_parent)
-        # the log as optimize wrote it, and when each progress line came: where a task's time goes
-        tee = threading.Thread(target=_tee_timed, args=(proc.stderr, log, start, timeline), daemon=True)
-        chunks: list[bytes] = []
-        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+    # stderr through a pipe of our own, so communicate() reads stdout alone: a thread copies the
+    # progress lines to the log and notes when each came (where a task's time goes)
+    err_r, err_w = os.pipe()
+    with open(log_path, "wb") as log, os.fdopen(err_r, "rb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err_w, cwd=REPO,
+                                start_new_session=True, env=env, preexec_fn=die_with_parent)
+        os.close(err_w)
+        tee = threading.Thread(target=_tee_timed, args=(err, log, start, timeline), daemon=True)
         tee.start()
-        reader.start()
         try:
-            proc.wait(timeout=timeout_s)
-            reader.join(timeout=30)
-            stdout = b"".join(chunks)
+            stdout, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             stdout = None
         finally:

@@ -212,3 +212,20 @@ def test_a_killed_optimize_writes_its_temporary_files_where_the_runner_removes_t
     assert out["status"] == "timed out"
     left = list(scratch.iterdir())   # it wrote where the runner said, inside the task's own
     assert len(left) == 1 and left[0].name.startswith("mtmc-guard-")   # directory, which run_task removes
+
+
+def test_optimize_log_is_kept_whole_and_its_progress_lines_are_timed(tmp_path):
+    """stderr goes to the log as written, the step lines with their second of arrival; stdout's
+    JSON summary is read apart from it."""
+    child = ("import sys, time, json\n"
+             "print('[code]   step 0: config', file=sys.stderr, flush=True)\n"
+             "time.sleep(0.6)\n"
+             "print('a traceback line', file=sys.stderr, flush=True)\n"
+             "print('== group 0: kernel (the catalog serves it)', file=sys.stderr, flush=True)\n"
+             "print(json.dumps({'status': 'done', 'groups': [{'status': 'kernel'}], 'check': {'status': 'passed'}}))\n")
+    out = kb.run_optimize([sys.executable, "-c", child], tmp_path / "log", timeout_s=60)
+    assert out["status"] == "done" and out["kernels"] == 1 and out["check"] == "passed"
+    assert (tmp_path / "log").read_text().splitlines() == [
+        "[code]   step 0: config", "a traceback line", "== group 0: kernel (the catalog serves it)"]
+    (t0, first), (t1, second) = out["timeline"]
+    assert first.startswith("[code]") and second.startswith("== group 0") and t1 - t0 >= 0.5
