@@ -4,7 +4,7 @@ shown under it, and every way the model can fail ending in the structured answer
 The run is a hand-written record (no kernel runs here)."""
 import pytest
 
-from mtmc import cli
+from mtmc.commands import cli
 from mtmc.tools import llm as chat_model
 from mtmc.agents.explainer import FACTS_HEAD, explain, unsupported_numbers
 from mtmc.memory import Store
