@@ -113,6 +113,34 @@ def test_strided_reduction_with_a_broadcast_operand(op):
         assert_correct(reduction.FAMILY, spec, cfg)
 
 
+def test_a_product_past_the_half_range_is_judged_by_pytorch_rounding():
+    """A float16 product of 12 threes (531441) is inf in float16, as PyTorch's own prod gives it:
+    the kernel's inf is right, a finite saturated value is not (CI saw the hypothesis test fail on
+    random inputs whose product overflowed)."""
+    from mtmc.tools.correctness import judge
+    from mtmc.tools.loader import load_source
+    spec = spec_of(reduction.FAMILY, "prod", 4, 12, "float16")
+    source = reduction.FAMILY.render(spec, reduction.FAMILY.default_config(spec, H200))
+    x = torch.full((4, 12), 3.0, dtype=torch.float16)
+    x[1] = -3.0   # an even count of negatives: +inf too
+    x[2, 0] = -3.0   # one negative: -inf
+    x[3, 6:] = 1.0   # 729: finite, must match
+    out = torch.full((4,), float("nan"), dtype=torch.float16)
+    load_source(source, "candidate").launch(x, out=out)
+    assert torch.equal(out, torch.prod(x, dim=1)), (out, torch.prod(x, dim=1))
+    ns = reference_namespace(spec)
+    x64 = x.to(torch.float64)
+    ref = ns["reference"](x64)
+    scale = ns["error_scale"](x64)
+    assert judge("float16", out, ref, scale)[0]
+    saturated = out.clone()
+    saturated[0] = 65504.0
+    assert not judge("float16", saturated, ref, scale)[0]
+    wrong_sign = out.clone()
+    wrong_sign[2] = float("inf")
+    assert not judge("float16", wrong_sign, ref, scale)[0]
+
+
 def test_strided_reduction_reads_x_in_place_not_transposed():
     """The reference reads x's buffer as [M / inner, N, inner]: a kernel that treats it as plain
     rows computes something else and is rejected."""
