@@ -658,6 +658,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def gpu_slug(gpu: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the records' default name, one per kind of GPU, so runs
+    on an H100 never land in the H200's table (the device tool may give either)."""
+    model = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", gpu)
+    return model.group(1).lower() if model else re.sub(r"\W+", "_", gpu).strip("_").lower()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     folder = Path(args.folder)
@@ -670,7 +677,7 @@ def main(argv=None) -> int:
                    args.trials, Path(args.save_new) if args.save_new else None, tuple(args.compile_modes))
     meta = run_meta(folder=str(folder), device=device, **{k: v for k, v in dataclasses.asdict(opts).items()
                                                          if k != "device"})
-    name = args.out or f"{folder.resolve().name}-{'cpu' if device == 'cpu' else meta['gpu'].replace(' ', '_')}"
+    name = args.out or f"{folder.resolve().name}-{'cpu' if device == 'cpu' else gpu_slug(meta['gpu'])}"
     results = Results(args.results_dir, name, "kernelbench", f"KernelBench: {folder.resolve().name}", table, meta)
     cache = BaselineCache(results.dir / "kernelbench-baselines.jsonl", meta) if device == "cuda" else None
     for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -229,3 +229,10 @@ def test_optimize_log_is_kept_whole_and_its_progress_lines_are_timed(tmp_path):
         "[code]   step 0: config", "a traceback line", "== group 0: kernel (the catalog serves it)"]
     (t0, first), (t1, second) = out["timeline"]
     assert first.startswith("[code]") and second.startswith("== group 0") and t1 - t0 >= 0.5
+
+
+def test_records_default_to_one_file_per_kind_of_gpu():
+    """The device tool may lend an H100 for an H200 call: its rows must not join the H200 table."""
+    from bench.kernelbench import gpu_slug
+    assert gpu_slug("NVIDIA H100 80GB HBM3") == "h100" and gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_slug("NVIDIA A100-SXM4-80GB") == "a100" and gpu_slug("Tesla T4") == "tesla_t4"

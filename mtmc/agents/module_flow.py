@@ -3,8 +3,9 @@
 plan only, `mtmc optimize --plan-only`).
 
   capture -> rewrite -> plan -+-> Send: group (one per distinct fusion group, the kernel graph as its
-                   |          subgraph; independent groups run side by side) -+-> assemble -> check -> time -> report
-                   +-> (no group) ------------------------------------------+
+                   |          subgraph; independent groups run side by side) -+-> regroup -+-> assemble -> check
+                   +-> (no group) ------------------------------------------+   (Send: new |     -> time -> report
+                                                                          groups) -> group -+
   capture --(rejected)--> END
 
 - **capture**: the upload's file checks, then torch.fx on fake tensors in a sandboxed child
@@ -17,6 +18,8 @@ plan only, `mtmc optimize --plan-only`).
 - **group**: the kernel graph (agents.graph) on the group's spec, invoked inside the node: it is
   checkpointed under the module run's thread, in the group task's own namespace.  Groups of one
   spec run once; the others copy the outcome (`same_as`).
+- **regroup**: a conv or matmul group whose kernel lost to PyTorch keeps its anchor in cuDNN /
+  cuBLAS, and the ops that followed it are planned again as groups of their own (run once more).
 - **assemble** ModelNew with every kernel; **check** it against Model with the guard (groups
   that break it fall back, ModelNew is written again); **time** it on a GPU; **report**.
 
@@ -77,6 +80,7 @@ class ModuleState(TypedDict, total=False):
     # group id (as text) -> outcome: a kernel, or why the group stays PyTorch; each group's
     # task adds its own, side by side
     outcomes: Annotated[dict, _merge]
+    library: list[dict]                # anchors regroup left to cuDNN / cuBLAS: graph, node, group, why
     check: dict                        # the whole-module check
     timing: dict | None                # ModelNew against eager and torch.compile (GPU)
     summary: dict                      # module.report.summary_json, with "report" and "message"
@@ -131,14 +135,24 @@ def _spec_key(g: dict) -> str:
     return KernelSpec.from_dict(g["spec"]).key()
 
 
-def fan_out(state: ModuleState) -> list[Send] | str:
-    """One group task per distinct spec (the first group that has it), or straight on."""
+def _fan_out(state: ModuleState, then: str) -> list[Send] | str:
+    """One group task per distinct spec not run yet (the first group that has it), or `then`."""
     first: dict[str, dict] = {}
     for g in state.get("groups") or []:
         first.setdefault(_spec_key(g), g)
-    if not first:
-        return "assemble"
-    return [Send("group", GroupTask(group=g, gpu=state["gpu"])) for g in first.values()]
+    ran = state.get("outcomes") or {}
+    todo = [g for g in first.values() if str(g["id"]) not in ran]
+    if not todo:
+        return then
+    return [Send("group", GroupTask(group=g, gpu=state["gpu"])) for g in todo]
+
+
+def fan_out(state: ModuleState) -> list[Send] | str:
+    return _fan_out(state, "regroup")
+
+
+def fan_out_regrouped(state: ModuleState) -> list[Send] | str:
+    return _fan_out(state, "assemble")
 
 
 def kernel_graph():
@@ -166,6 +180,43 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     outcome = steps.outcome_from_state(final, task["gpu"])
     emit(E.GroupDone(group=g.id, status=outcome["status"], reason=outcome["reason"]))
     return {"outcomes": {str(g.id): outcome}}
+
+
+LIBRARY_FAMILIES = ("conv", "matmul")   # anchors PyTorch runs in cuDNN / cuBLAS
+
+
+def regroup(state: ModuleState) -> dict:
+    """A conv or matmul group whose kernel lost to PyTorch (or never passed) keeps its anchor in
+    PyTorch's library kernel (cuDNN, cuBLAS) and gives up its tail: the plan is made again with
+    those anchors pinned, so the pointwise chain (or norm, reduction) that followed becomes a group
+    of its own, one pass instead of PyTorch's one per op (what torch.compile does around an
+    extern conv).  Once per run: the second pass's groups are not split again."""
+    if state.get("library") is not None:
+        return {}
+    outcomes = _outcomes_by_id(state)
+    pins: dict[str, dict[str, str]] = {}
+    library = []
+    for g in _groups(state):
+        o = outcomes.get(g.id, {})
+        if g.family in LIBRARY_FAMILIES and o.get("status") == "fallback" and len(g.ops) > 1:
+            why = (f"kept in PyTorch's library kernel (group {g.id}: {o.get('reason', 'no kernel')}); "
+                   "what followed it is fused on its own")
+            pins.setdefault(g.graph, {}).update({n: why for n in g.nodes})
+            library.append({"graph": g.graph, "group": g.id, "ops": g.ops, "why": why})
+    if not pins:
+        return {"library": []}
+    part = partition(state["captured"], library=pins)
+    old = {(g.graph, tuple(g.nodes)): g for g in _groups(state)}
+    next_id = max(g.id for g in old.values()) + 1
+    groups = []
+    for g in part.groups:   # unchanged groups keep their id and outcome; new ones get fresh ids
+        same = old.get((g.graph, tuple(g.nodes)))
+        if same is None:
+            g, next_id = dataclasses.replace(g, id=next_id), next_id + 1
+        groups.append(same or g)
+    emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in groups],
+                       torch_ops=part.torch_ops))
+    return {"groups": [g.to_dict() for g in groups], "torch_ops": part.torch_ops, "library": library}
 
 
 def _groups(state: ModuleState) -> list[Group]:
@@ -235,14 +286,16 @@ def report(state: ModuleState) -> dict:
 
 def build_module_graph() -> StateGraph:
     g = StateGraph(ModuleState, context_schema=Context)
-    for name, fn in [("capture", capture), ("rewrite", rewrite), ("plan", plan), ("group", group), ("assemble", assemble),
-                     ("check", check), ("time", time_it), ("report", report)]:
+    for name, fn in [("capture", capture), ("rewrite", rewrite), ("plan", plan), ("group", group),
+                     ("regroup", regroup), ("assemble", assemble), ("check", check), ("time", time_it),
+                     ("report", report)]:
         g.add_node(name, fn)
     g.add_edge(START, "capture")
     g.add_conditional_edges("capture", lambda s: END if s.get("status") == "rejected" else "rewrite", ["rewrite", END])
     g.add_edge("rewrite", "plan")
-    g.add_conditional_edges("plan", fan_out, ["group", "assemble"])
-    g.add_edge("group", "assemble")
+    g.add_conditional_edges("plan", fan_out, ["group", "regroup"])
+    g.add_edge("group", "regroup")
+    g.add_conditional_edges("regroup", fan_out_regrouped, ["group", "assemble"])
     g.add_edge("assemble", "check")
     g.add_edge("check", "time")
     g.add_edge("time", "report")

@@ -131,7 +131,10 @@ _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "
 
 
 class Partitioner:
-    def __init__(self, desc: dict, first_id: int = 0):
+    def __init__(self, desc: dict, first_id: int = 0, library: dict[str, str] | None = None):
+        """library: anchors (node name -> why) that stay PyTorch's (cuDNN, cuBLAS), so what
+        followed them in their group becomes a group of its own (module_flow.regroup)."""
+        self.library = dict(library or {})
         self._classify(desc)
         # identity ops (clone, detach, eval dropout ...) are read past, so they split no group
         self.dropped = identities.identity_nodes(self.g, self.sem, self._mutations())
@@ -491,7 +494,9 @@ class Partitioner:
                      for plugin, fams in PLUGIN_FAMILIES.items() for fam in fams}}
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
-            if isinstance(a, Anchor) and name not in self.taken:
+            if isinstance(a, Anchor) and name in self.library:
+                self.why[name] = self.library[name]
+            elif isinstance(a, Anchor) and name not in self.taken:
                 build = builds.get(a.family, self._rows_group)
                 self._try_group(build, name, a)
         for name in names:  # then chains of what is left
@@ -631,11 +636,12 @@ class Partition:
         return {"groups": [g.to_dict() for g in self.groups], "torch_ops": self.torch_ops}
 
 
-def partition(captured: dict) -> Partition:
-    """Fusion groups of every captured graph (module.capture's result), ids unique across them."""
+def partition(captured: dict, library: dict[str, dict[str, str]] | None = None) -> Partition:
+    """Fusion groups of every captured graph (module.capture's result), ids unique across them.
+    library: per graph path, anchors left to PyTorch's library kernels (node name -> why)."""
     groups, left = [], []
     for desc in captured["graphs"]:
-        p = Partitioner(desc, first_id=len(groups))
+        p = Partitioner(desc, first_id=len(groups), library=(library or {}).get(desc.get("path", "")))
         groups += p.run()
         left += p.torch_ops()
     return Partition(groups, left)

@@ -1,0 +1,103 @@
+"""regroup: a conv or matmul group whose kernel lost to PyTorch keeps its anchor in cuDNN /
+cuBLAS and its tail becomes a fused group of its own (on the H100, 2026-12-05, L2
+1_Conv2D_ReLU_BiasAdd's whole group fell back and ran at 0.45x of torch.compile, which runs cuDNN
+plus one fused tail).  On the CPU every kernel wins, so the GPU's verdict is stood in for."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mtmc.agents import module_flow, module_steps
+from mtmc.agents.context import Context
+from mtmc.module.capture import capture
+from mtmc.module.fusion import Group, Partition, partition
+from test_module_conv import assert_model_new_matches
+
+MODULES = Path(__file__).parent / "modules"
+LOST = "its best kernel (5.0976 ms) loses to PyTorch eager (4.3880 ms) on the GPU"
+
+
+def planned(name: str) -> dict:
+    cap = capture(str(MODULES / name))
+    part = partition(cap)
+    return {"captured": cap, "groups": [g.to_dict() for g in part.groups], "torch_ops": part.torch_ops,
+            "gpu": False}
+
+
+def lost(state: dict, family: str) -> dict:
+    return {str(g["id"]): ({"status": "fallback", "reason": LOST} if g["family"] == family
+                           else {"status": "kernel"}) for g in state["groups"]}
+
+
+def test_a_lost_conv_keeps_cudnn_and_its_tail_is_fused_on_its_own(tmp_path):
+    state = planned("conv_bias_act.py")
+    (conv,) = state["groups"]
+    state["outcomes"] = lost(state, "conv")
+    out = module_flow.regroup(state)
+    (tail,) = [Group.from_dict(g) for g in out["groups"]]
+    assert tail.id == conv["id"] + 1 and tail.family == "elementwise"
+    assert [s["op"] for s in tail.spec["params"]["chain"]] == ["add", "scale", "leaky_relu", "tanh"]
+    (kept,) = out["torch_ops"]
+    assert "conv" in kept["op"].lower() and "library kernel" in kept["why"] and LOST in kept["why"]
+    assert out["library"] == [{"graph": "", "group": conv["id"], "ops": conv["ops"], "why": kept["why"]}]
+    # only the new group is sent; after it ran, the flow goes on to assemble, and never splits twice
+    state.update(out)
+    assert [s.arg["group"]["id"] for s in module_flow.fan_out_regrouped(state)] == [tail.id]
+    state["outcomes"][str(tail.id)] = {"status": "kernel"}
+    assert module_flow.fan_out_regrouped(state) == "assemble" and module_flow.regroup(state) == {}
+    # ModelNew: cuDNN's conv, then the tail's Triton kernel: Model's outputs
+    source = (MODULES / "conv_bias_act.py").read_text()
+    assert_model_new_matches(tmp_path, source, state["captured"], Partition([tail], []))
+    text = (tmp_path / "new_model.py").read_text()
+    assert "_mtmc_g1_" in text and "_mtmc_g0_" not in text
+
+
+def test_groups_that_won_or_have_no_tail_are_left_alone():
+    state = planned("conv_bias_act.py")
+    state["outcomes"] = {str(g["id"]): {"status": "kernel"} for g in state["groups"]}
+    assert module_flow.regroup(state) == {"library": []}
+    assert module_flow.fan_out_regrouped({**state, "library": []}) == "assemble"
+    # conv_block: a lone conv2d (group 1) lost, the two convs with tails won: nothing to split
+    block = planned("conv_block.py")
+    assert [len(g["ops"]) for g in block["groups"]] == [3, 1, 3]
+    block["outcomes"] = {"0": {"status": "kernel"}, "1": {"status": "fallback", "reason": LOST},
+                         "2": {"status": "kernel"}}
+    assert module_flow.regroup(block) == {"library": []}
+    # the transposed conv lost too: only it is split, groups 0 and 1 keep their ids and outcomes
+    block["outcomes"]["2"] = {"status": "fallback", "reason": LOST}
+    out = module_flow.regroup(block)
+    assert [g["id"] for g in out["groups"]] == [0, 1, 3] and out["groups"][:2] == block["groups"][:2]
+    assert [e["group"] for e in out["library"]] == [2]
+
+
+def test_a_lost_linear_keeps_cublas_and_its_activation_is_fused(tmp_path):
+    state = planned("linear_bias_relu.py")
+    matmuls = [g for g in state["groups"] if g["family"] == "matmul" and len(g["ops"]) > 1]
+    assert matmuls
+    state["outcomes"] = lost(state, "matmul")
+    out = module_flow.regroup(state)
+    new = [Group.from_dict(g) for g in out["groups"] if g["id"] > max(x["id"] for x in state["groups"])]
+    assert new and all(g.family != "matmul" for g in new)
+    assert any("library kernel" in t["why"] for t in out["torch_ops"])
+
+
+@pytest.mark.slow
+def test_the_module_flow_splits_a_lost_conv_and_the_guard_passes_it(tmp_path, monkeypatch):
+    """The whole flow (capture, groups, regroup, second fan-out, assemble, the guard) with the
+    conv group's GPU verdict stood in for by a loss."""
+    real = module_steps.outcome_from_state
+
+    def conv_loses(final, gpu):
+        o = real(final, gpu)
+        if (final.get("spec") or {}).get("family") == "conv":
+            o = {**o, "status": "fallback", "reason": LOST}
+        return o
+    monkeypatch.setattr(module_steps, "outcome_from_state", conv_loses)
+    summary = module_flow.optimize_module(str(MODULES / "conv_bias_act.py"), Context(target="h200", max_steps=0),
+                                          str(tmp_path / "new.py"), str(tmp_path / "report.md"))
+    assert summary["status"] == "done" and summary["check"]["status"] == "passed", summary["check"]
+    (g,) = summary["groups"]
+    assert g["family"] == "elementwise" and g["status"] == "kernel"
+    assert any("library kernel" in t["why"] for t in summary["torch_ops"])
+    assert "library kernel" in (tmp_path / "report.md").read_text()
