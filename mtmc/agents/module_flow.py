@@ -50,8 +50,9 @@ from mtmc.module.report import markdown_report, summary_json
 from mtmc.agents.runner import FRESH_RUN, stream_run
 from mtmc.agents.stream import emit
 from mtmc.kernels.catalog import describe
-from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module import graph_stage
+from mtmc.module.custom_groups import custom_groups
 from mtmc.module.fusion import Group, Partition, partition
 
 MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
@@ -124,11 +125,21 @@ def _rewrite_line(r: dict) -> dict:
             "reason": r.get("why_not") or r["reason"], "predicted_gain_ms": pred.get("gain_ms")}
 
 
-def plan(state: ModuleState) -> dict:
+def plan(state: ModuleState, runtime: Runtime[Context]) -> dict:
     part = partition(state["captured"])
+    if runtime.context.llm is not None:   # the coder role writes what the catalog does not serve
+        part = _with_custom_groups(state["captured"], part)
     emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
                        torch_ops=part.torch_ops))
     return {"groups": [g.to_dict() for g in part.groups], "torch_ops": part.torch_ops}
+
+
+def _with_custom_groups(captured: dict, part: Partition, keep: list[Group] = ()) -> Partition:
+    """`part` with a custom group (module.custom_groups) for each run of ops outside the catalog;
+    `keep`: custom groups already made (regroup's second plan keeps them and their ids)."""
+    custom = list(keep) or custom_groups(captured, part, max((g.id for g in part.groups), default=-1) + 1)
+    mine = {(g.graph, n) for g in custom for n in g.nodes}
+    return Partition(part.groups + custom, [t for t in part.torch_ops if (t["graph"], t["node"]) not in mine])
 
 
 def _spec_key(g: dict) -> str:
@@ -167,6 +178,8 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     g = Group.from_dict(task["group"])
     spec = KernelSpec.from_dict(g.spec)
     emit(E.GroupStart(group=g.id, ops=g.ops, description=describe(spec)))
+    if g.family == CUSTOM_FAMILY:
+        return {"outcomes": {str(g.id): _custom_outcome(g, spec, task["gpu"], runtime.context)}}
     # torch.compile is compared once for the whole module (module_time), not per group
     ctx = dataclasses.replace(runtime.context, out_path=None, compile_baseline=False)
     inputs = {"request": spec.request, "spec": g.spec, "initial_config": None, **FRESH_RUN}
@@ -206,6 +219,9 @@ def regroup(state: ModuleState) -> dict:
     if not pins:
         return {"library": []}
     part = partition(state["captured"], library=pins)
+    custom = [g for g in _groups(state) if g.family == CUSTOM_FAMILY]
+    if custom:
+        part = _with_custom_groups(state["captured"], part, keep=custom)
     old = {(g.graph, tuple(g.nodes)): g for g in _groups(state)}
     next_id = max(g.id for g in old.values()) + 1
     groups = []
@@ -217,6 +233,26 @@ def regroup(state: ModuleState) -> dict:
     emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in groups],
                        torch_ops=part.torch_ops))
     return {"groups": [g.to_dict() for g in groups], "torch_ops": part.torch_ops, "library": library}
+
+
+def _custom_outcome(g: Group, spec: KernelSpec, gpu: bool, ctx: Context) -> dict:
+    """The coder role's kernel for a custom group: the model's drafts, each accepted or refused by
+    the guard against the group's PyTorch reference (agents.llm_coder); never raises."""
+    from mtmc.agents.llm_coder import write_kernel
+    from mtmc.request.llm_parse import CustomOp
+    op = CustomOp(spec.op, spec.params["reference"], spec.params["inputs"])
+    calls: list = []
+    result = write_kernel(op, ctx.llm, calls, target=None if ctx.target == "auto" else ctx.target,
+                          device="cuda" if gpu else "cpu", timeout_s=ctx.timeout_s,
+                          on_step=lambda r: emit(E.build("custom_step", **r).in_group(g.id)))
+    if result.source is None:
+        outcome = {"status": "fallback", "reason": result.message}
+    else:
+        outcome = {"status": "kernel", "source": result.source, "config": {}, "step": len(result.steps) - 1,
+                   "correctness": {"reason": "accepted by the guard against the group's PyTorch reference"},
+                   "time_ms": None, "measured": False, "reason": result.message}
+    emit(E.GroupDone(group=g.id, status=outcome["status"], reason=outcome["reason"]))
+    return {**outcome, "llm_calls": calls}
 
 
 def _groups(state: ModuleState) -> list[Group]:

@@ -11,6 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 
 DTYPES = ("float32", "float16", "bfloat16")
+# Not a catalog family: an op outside it whose kernel the coder role's model writes (its params
+# hold the PyTorch reference and the inputs' shapes; module.custom_groups, agents.llm_coder).
+CUSTOM_FAMILY = "custom"
 
 # Short names people use, mapped to the torch dtype names used everywhere in the code.
 DTYPE_ALIASES = {

@@ -24,11 +24,11 @@ import tokenize
 import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
-from mtmc.kernels.catalog import family_of
+from mtmc.kernels.catalog import describe, family_of
 from mtmc.module import attention_fusion
 from mtmc.module.conv_fusion import out_shape_source
 from mtmc.module.pool_fusion import out_shape_source as pool_out_shape_source
-from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module.fusion import Group
 from mtmc.module.fxjson import rebuild_graph
 
@@ -195,6 +195,16 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
     return f"def {name}({', '.join(params)}):\n" + textwrap.indent("\n".join([doc, *body]), "    ") + "\n"
 
 
+def custom_wrapper_source(group: Group, prefix: str, name: str) -> str:
+    """A custom group's call: the model's ModelNew (made once; its __init__ takes nothing) on the
+    group's tensors, as its kernel file defines it (module.custom_groups)."""
+    params = ", ".join(f"v{i}" for i in range(len(group.args)))
+    return (f"{prefix}impl = {prefix}ModelNew()\n\n\n"
+            f"def {name}({params}):\n"
+            f'    """Group {group.id}: {" -> ".join(group.ops)} (kernel written by the model)."""\n'
+            f"    return {prefix}impl({params})\n")
+
+
 # -- the rewritten forward ------------------------------------------------------------------------
 
 def _placeholder(group_id: int):
@@ -301,14 +311,14 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
     for g in chosen:
         k = kernels[g.id]
         prefix = f"_mtmc_g{g.id}_"
-        header = [f"# ---- group {g.id}: {' -> '.join(g.ops)}",
-                  f"# {family_of(KernelSpec.from_dict(g.spec)).describe(KernelSpec.from_dict(g.spec))}"]
+        header = [f"# ---- group {g.id}: {' -> '.join(g.ops)}", f"# {describe(KernelSpec.from_dict(g.spec))}"]
         if k.get("summary"):
             header += [f"# {line}" for line in k["summary"].splitlines()]
         header += [f"# note: {n}" for n in g.notes]
         parts += ["\n".join(header), prefix_names(_without_prelude_imports(k["source"]), prefix)]
         wrapper_names[g.id] = f"_mtmc_group_{g.id}"
-        parts.append(wrapper_source(g, prefix + "launch", wrapper_names[g.id]))
+        parts.append(custom_wrapper_source(g, prefix, wrapper_names[g.id]) if g.family == CUSTOM_FAMILY
+                     else wrapper_source(g, prefix + "launch", wrapper_names[g.id]))
     used_globals: dict[str, object] = {}
     stand_ins: dict = {}
     forwards, bound, root_forward = [], [], None
