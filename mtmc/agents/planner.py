@@ -69,11 +69,26 @@ def plan(state: State, runtime: Runtime[Context]) -> dict:
                                   last_verdict=last_verdict(state),
                                   resources=resources_of(report) if isinstance(report, dict) else None)
     decision = decision.to_dict()
+    calls: list = []
+    if ctx.llm is not None and _model_may_choose(decision, moves, ctx, state):
+        from mtmc.agents.llm_planner import choose
+        decision = choose(ctx.llm, spec, best["config"], decision, best.get("time_ms") if measured else None,
+                          None if ctx.target == "auto" else ctx.target, calls)
     decision["origin"] = "planner"
     first = (state.get("steps") or [{}])[0]
     decision["history"] = history_used(state, (first.get("history") or {}).get("warm_start"))
     emit(E.build("plan", step=len(state.get("steps", [])), **decision))
-    return {"decision": decision, "debug_attempts": 0}
+    out = {"decision": decision, "debug_attempts": 0}
+    if calls:
+        out["llm_calls"] = list(state.get("llm_calls") or []) + calls
+    return out
+
+
+def _model_may_choose(decision: dict, moves: int, ctx: Context, state: State) -> bool:
+    """The model picks among the policy's moves only where a move is still allowed: budget left,
+    patience not spent, and at least one move besides stop on the list."""
+    return (moves < ctx.max_steps and state.get("stale_steps", 0) < ctx.patience
+            and any(a.get("kind") != "stop" for a in decision.get("alternatives") or []))
 
 
 def route_after_plan(state: State) -> str:
