@@ -150,3 +150,22 @@ def test_a_run_in_words_is_served_from_the_models_reading_and_its_history_keeps_
     assert parsed["assumptions"][0].startswith("read by the model at")
     assert [c["role"] for c in state["llm_calls"]] == ["parser"] and state["llm_calls"][0]["ok"]
     assert Store().get(state["history_id"]).llm_calls == state["llm_calls"]
+
+
+def test_the_other_reading_is_kept_and_a_follow_up_runs_it(chat_server, tmp_path):
+    """The model's reading ran; "use the rules' reading" runs the rules' instead, and the next
+    run of the same thread does not inherit the first one's alternative."""
+    from mtmc.agents.context import Context
+    from mtmc.agents.runner import run_request
+    from mtmc.ui.followup import interpret
+    chat_server.reply = json.dumps({"family": "elementwise", "op": "chain", "dims": {"M": 16, "N": 16},
+                                    "dtype": "float32", "params": {"chain": [{"op": "mul"}]}})
+    ctx = Context(target="h200", max_steps=0, llm=_model(chat_server), out_path=str(tmp_path / "k.py"))
+    first = run_request("16x16 times 16x16", ctx, thread_id="t-reading")
+    assert first["spec"]["family"] == "elementwise" and first["alternative"]["family"] == "matmul"
+    follow = interpret("no, use the rules' reading", first["spec"], first["alternative"])
+    assert follow.kind == "reading" and follow.spec["family"] == "matmul" and "matmul" in follow.changes[0]
+    second = run_request("no, use the rules' reading", ctx, thread_id="t-reading", spec=follow.spec)
+    assert second["status"] == "done" and second["spec"]["family"] == "matmul" and second["alternative"] is None
+    assert interpret("the other reading please", second["spec"], second["alternative"]).kind == "unclear"
+    assert interpret("use bf16", second["spec"], second["alternative"]).kind == "change"   # either reading can change

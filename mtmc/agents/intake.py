@@ -54,7 +54,9 @@ def parse(state: State, runtime: Runtime[Context]) -> dict:
         emit(E.Unsupported(message=str(exc)))
         return {"status": "unsupported", "message": str(exc)}
     emit(E.Parsed(spec=spec.to_dict(), description=describe(spec), assumptions=list(result.assumptions)))
-    return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions), "llm_calls": calls}
+    other = {"alternative": result.alternative.to_dict()} if result.alternative else {}
+    return {"status": "running", "spec": spec.to_dict(), "assumptions": list(result.assumptions), "llm_calls": calls,
+            **other}
 
 
 def retrieve(state: State, runtime: Runtime[Context]) -> dict:

@@ -9,7 +9,7 @@ from mtmc.agents.context import Context
 # A run starts from these, also when its thread (a chat conversation) has earlier runs.
 FRESH_RUN = {"steps": [], "tried": [], "best": {}, "candidate": {}, "decision": {}, "baselines": {},
              "retrieved": [], "assumptions": [], "artifact": "", "message": "", "status": "running",
-             "debug_attempts": 0, "stale_steps": 0, "llm_calls": [], "custom": None}
+             "debug_attempts": 0, "stale_steps": 0, "llm_calls": [], "custom": None, "alternative": None}
 
 
 def run_request(request: str, ctx: Context, thread_id: str | None = None, on_event=None,

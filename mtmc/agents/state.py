@@ -35,4 +35,5 @@ class State(TypedDict, total=False):
     artifact: str                      # path of the written kernel file
     history_id: str | None             # this run's history in memory (never its own "similar past run")
     custom: dict | None                # an op outside the catalog: the model's reference (agents.custom_op)
+    alternative: dict                  # the request's other reading (the rules' beside the model's), a spec
     llm_calls: list[dict]              # the chat model's calls: role, latency_s, tokens, error (tools.llm.ask)

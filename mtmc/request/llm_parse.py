@@ -59,9 +59,10 @@ def read_request(text: str, llm=None, calls: list | None = None) -> tuple[ParseR
         return ParseResult(None, {"custom": value.name}, notes, f"{value.name}: outside the catalog; "
                            f"inputs {', '.join(_shape(i) for i in value.inputs)}."), value
     value.request = text
-    if rules.ok and rules.spec.key() != value.key():
-        notes.append(f"the rules read it as {describe(rules.spec)}")
-    return ParseResult(value, {"llm": value.to_dict()}, notes, _success_message(value, notes)), None
+    other = rules.spec if rules.ok and rules.spec.key() != value.key() else None
+    if other is not None:
+        notes.append(f"the rules read it as {describe(other)} (say \"use the rules' reading\" to run that instead)")
+    return ParseResult(value, {"llm": value.to_dict()}, notes, _success_message(value, notes), other), None
 
 
 def _check(reply: dict):

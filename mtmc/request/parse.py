@@ -47,6 +47,7 @@ class ParseResult:
     understood: dict = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
     message: str = ""
+    alternative: KernelSpec | None = None   # the other reading (the rules', beside the model's)
 
     @property
     def ok(self) -> bool:

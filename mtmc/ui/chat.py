@@ -129,7 +129,7 @@ class Chat:
             return
         last = conversation.last_run(thread_id)
         prior = services.thread_state(thread_id) if last.get("kind") == "kernel" else {}
-        follow = interpret(text, prior.get("spec") if prior.get("steps") else None)
+        follow = interpret(text, prior.get("spec") if prior.get("steps") else None, prior.get("alternative"))
         if follow.kind == "why":
             history.append(say(self._why(text, follow, last, prior, prefs)))
             yield {"chat": history}
@@ -137,7 +137,7 @@ class Chat:
             history.append(say(f"I could not apply that to the last kernel: {follow.message}"))
             yield {"chat": history}
         else:
-            if follow.kind == "change":
+            if follow.kind in ("change", "reading"):
                 history.append(say("Follow-up on the last kernel: " + "; ".join(follow.changes) + "."))
             yield from self._kernel(text, follow.spec, history, thread_id, prefs)
 

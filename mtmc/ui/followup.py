@@ -29,11 +29,14 @@ _ROW_SIZES = {"rows": "M", "cols": "N", "M": "M", "N": "N"}
 _MATMUL_SIZES = {"rows": "M", "M": "M", "N": "N", "K": "K", "B": "B", "batch": "B",
                  "in_features": "K", "out_features": "N"}
 _CHANGE_KEYS = {"dtype", "sizes", "shapes"}   # what a change may consist of
+# switching to the request's other reading (the rules' beside the model's)
+READING = re.compile(r"\b(?:other|rules'?|rule-based|first|second|alternative)\s+(?:reading|interpretation)\b"
+                     r"|\buse the rules\b|\bas the rules read it\b", re.I)
 
 
 @dataclass
 class FollowUp:
-    kind: str                          # why | change | unclear | new
+    kind: str                          # why | change | reading | unclear | new
     spec: dict | None = None           # the changed spec (kind "change")
     changes: list[str] = field(default_factory=list)   # in words, for the chat
     message: str = ""                  # why a change could not be applied (kind "unclear")
@@ -47,13 +50,20 @@ def _number(pattern: re.Pattern, text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def interpret(text: str, last_spec: dict | None) -> FollowUp:
-    """Classify `text` given the conversation's last spec (None before the first run)."""
+def interpret(text: str, last_spec: dict | None, alternative: dict | None = None) -> FollowUp:
+    """Classify `text` given the conversation's last spec (None before the first run) and that
+    request's other reading, if it had one."""
     if WHY.search(text):
         return FollowUp("why", step=_number(STEP, text), group=_number(GROUP, text),
                         fusion=bool(FUSION.search(text)))
     if not last_spec:
         return FollowUp("new")
+    if READING.search(text):
+        if not alternative:
+            return FollowUp("unclear", message="the last request had one reading only; say what to change "
+                                               "(a size, a dtype) or ask anew.")
+        spec = KernelSpec.from_dict(alternative)
+        return FollowUp("reading", spec=spec.to_dict(), changes=[f"the other reading: {describe(spec)}"])
     parsed = parse_request(text)
     understood = parsed.understood
     if parsed.ok or not understood or not set(understood) <= _CHANGE_KEYS:
