@@ -87,3 +87,31 @@ def test_a_dead_endpoint_leaves_the_op_unserved_with_the_reason(chat_server):
     op = custom_op(json.loads(PARSED)["custom"])
     coded = write_kernel(op, chat_model.build(chat_server.url, "stub-model", timeout_s=1))
     assert coded.source is None and coded.message.startswith("the model could not be used (connection refused)")
+
+
+HANG = '''```python
+import torch
+import triton
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        while True:
+            pass
+```'''
+
+BROKEN = "```python\nimport torch\nclass ModelNew(torch.nn.Module:\n    pass\n```"
+
+
+def test_a_hanging_draft_and_one_that_does_not_compile_are_refused_and_rolled_back(chat_server):
+    """The hang is killed at the guard's timeout and shown as the verdict; the syntax error too;
+    the run keeps the last accepted draft."""
+    llm = chat_model.build(chat_server.url, "stub-model", timeout_s=10)
+    chat_server.script = [("ok", HANG), ("ok", kernel(256)),       # first draft: hangs, then fixed
+                          ("ok", BROKEN), ("ok", BROKEN)]           # step 1: never compiles: rolled back
+    op = custom_op(json.loads(PARSED)["custom"])
+    coded = write_kernel(op, llm, steps=1, timeout_s=20)
+    assert [s["outcome"] for s in coded.steps] == ["rejected", "kept", "rejected", "rolled back"], coded.steps
+    assert "timed out" in coded.steps[0]["verdict"] or "timeout" in coded.steps[0]["verdict"], coded.steps[0]
+    assert "BLOCK=256" in coded.source
+    assert "The verifier rejected that draft" in chat_server.prompt(1)
