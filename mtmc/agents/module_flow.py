@@ -53,7 +53,7 @@ from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module import graph_stage
 from mtmc.module.custom_groups import custom_groups
-from mtmc.module.fusion import Group, Partition, partition
+from mtmc.module.fusion import LIBRARY_FAMILIES, Group, Partition, partition
 
 MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
 
@@ -193,9 +193,6 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     outcome = steps.outcome_from_state(final, task["gpu"])
     emit(E.GroupDone(group=g.id, status=outcome["status"], reason=outcome["reason"]))
     return {"outcomes": {str(g.id): outcome}}
-
-
-LIBRARY_FAMILIES = ("conv", "matmul")   # anchors PyTorch runs in cuDNN / cuBLAS
 
 
 def regroup(state: ModuleState) -> dict:

@@ -127,13 +127,16 @@ PLUGIN_FAMILIES = {conv_fusion: ("conv",), norm_fusion: ("norm",), pool_fusion: 
                    attention_fusion: ("attention",), matmul_forms: ("matmul_form",),
                    where_fusion: ()}   # torch.where / masked_fill: pointwise steps, no family of its own
 PLUGINS = tuple(PLUGIN_FAMILIES)
+# anchors PyTorch runs in its library kernels (cuDNN, cuBLAS): the ones a plan may leave there
+LIBRARY_FAMILIES = ("conv", "matmul")
 _BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
 
 
 class Partitioner:
     def __init__(self, desc: dict, first_id: int = 0, library: dict[str, str] | None = None):
-        """library: anchors (node name -> why) that stay PyTorch's (cuDNN, cuBLAS), so what
-        followed them in their group becomes a group of its own (module_flow.regroup)."""
+        """library: nodes (name -> why) whose conv or matmul anchor stays PyTorch's (cuDNN,
+        cuBLAS), so what followed it in its group becomes a group of its own (module_flow.regroup);
+        the other nodes named are planned as usual."""
         self.library = dict(library or {})
         self._classify(desc)
         # identity ops (clone, detach, eval dropout ...) are read past, so they split no group
@@ -494,7 +497,7 @@ class Partitioner:
                      for plugin, fams in PLUGIN_FAMILIES.items() for fam in fams}}
         for name in names:  # anchors first, in graph order, each taking its prologue and epilogue
             a = self.sem.get(name)
-            if isinstance(a, Anchor) and name in self.library:
+            if isinstance(a, Anchor) and name in self.library and a.family in LIBRARY_FAMILIES:
                 self.why[name] = self.library[name]
             elif isinstance(a, Anchor) and name not in self.taken:
                 build = builds.get(a.family, self._rows_group)
