@@ -81,7 +81,8 @@ class ModuleState(TypedDict, total=False):
     # group id (as text) -> outcome: a kernel, or why the group stays PyTorch; each group's
     # task adds its own, side by side
     outcomes: Annotated[dict, _merge]
-    library: list[dict]                # anchors regroup left to cuDNN / cuBLAS: graph, node, group, why
+    library: list[dict]                # groups whose anchor regroup left to cuDNN / cuBLAS: graph, group,
+                                       # ops, why ([] once regroup found none; unset before it ran)
     check: dict                        # the whole-module check
     timing: dict | None                # ModelNew against eager and torch.compile (GPU)
     summary: dict                      # module.report.summary_json, with "report" and "message"
@@ -128,16 +129,15 @@ def _rewrite_line(r: dict) -> dict:
 def plan(state: ModuleState, runtime: Runtime[Context]) -> dict:
     part = partition(state["captured"])
     if runtime.context.llm is not None:   # the coder role writes what the catalog does not serve
-        part = _with_custom_groups(state["captured"], part)
+        part = _with_custom_groups(part, custom_groups(state["captured"], part,
+                                                       max((g.id for g in part.groups), default=-1) + 1))
     emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in part.groups],
                        torch_ops=part.torch_ops))
     return {"groups": [g.to_dict() for g in part.groups], "torch_ops": part.torch_ops}
 
 
-def _with_custom_groups(captured: dict, part: Partition, keep: list[Group] = ()) -> Partition:
-    """`part` with a custom group (module.custom_groups) for each run of ops outside the catalog;
-    `keep`: custom groups already made (regroup's second plan keeps them and their ids)."""
-    custom = list(keep) or custom_groups(captured, part, max((g.id for g in part.groups), default=-1) + 1)
+def _with_custom_groups(part: Partition, custom: list[Group]) -> Partition:
+    """`part` with the custom groups (module.custom_groups) in place of the ops they take over."""
     mine = {(g.graph, n) for g in custom for n in g.nodes}
     return Partition(part.groups + custom, [t for t in part.torch_ops if (t["graph"], t["node"]) not in mine])
 
@@ -203,10 +203,10 @@ def regroup(state: ModuleState) -> dict:
     extern conv).  Once per run: the second pass's groups are not split again."""
     if state.get("library") is not None:
         return {}
-    outcomes = _outcomes_by_id(state)
+    outcomes, before = _outcomes_by_id(state), _groups(state)
     pins: dict[str, dict[str, str]] = {}
     library = []
-    for g in _groups(state):
+    for g in before:
         o = outcomes.get(g.id, {})
         if g.family in LIBRARY_FAMILIES and o.get("status") == "fallback" and len(g.ops) > 1:
             why = (f"kept in PyTorch's library kernel (group {g.id}: {o.get('reason', 'no kernel')}); "
@@ -215,11 +215,10 @@ def regroup(state: ModuleState) -> dict:
             library.append({"graph": g.graph, "group": g.id, "ops": g.ops, "why": why})
     if not pins:
         return {"library": []}
-    part = partition(state["captured"], library=pins)
-    custom = [g for g in _groups(state) if g.family == CUSTOM_FAMILY]
-    if custom:
-        part = _with_custom_groups(state["captured"], part, keep=custom)
-    old = {(g.graph, tuple(g.nodes)): g for g in _groups(state)}
+    # the second plan keeps the custom groups already made (and run), with their ids
+    part = _with_custom_groups(partition(state["captured"], library=pins),
+                               [g for g in before if g.family == CUSTOM_FAMILY])
+    old = {(g.graph, tuple(g.nodes)): g for g in before}
     next_id = max(g.id for g in old.values()) + 1
     groups = []
     for g in part.groups:   # unchanged groups keep their id and outcome; new ones get fresh ids

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module.fusion import Group, Partition
+from mtmc.module.fx_ops import Graph
 from mtmc.module.fxjson import arg_nodes, decode_arg, resolve_target
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -23,31 +24,21 @@ OUTSIDE = "outside the kernel catalog"
 MAX_CHAIN = 8
 
 
-def _tensor(d: dict) -> tuple[list[int], str] | None:
-    t = (d.get("value") or {}).get("tensor")
-    return (list(t["shape"]), t["dtype"]) if t else None
-
-
 def _inputs_of(d: dict) -> list[str]:
     return [*arg_nodes(d["args"]), *arg_nodes(d["kwargs"])]
 
 
-def _chains(desc: dict, outside: list[str]) -> list[list[str]]:
+def _chains(g: Graph, outside: list[str]) -> list[list[str]]:
     """Runs of outside nodes, each feeding only the next (graph order)."""
-    by_name = {d["name"]: d for d in desc["nodes"]}
-    users: dict[str, list[str]] = {d["name"]: [] for d in desc["nodes"]}
-    for d in desc["nodes"]:
-        for a in _inputs_of(d):
-            users.setdefault(a, []).append(d["name"])
     left, chains = set(outside), []
     for name in outside:
         if name not in left:
             continue
         chain = [name]
         left.discard(name)
-        while len(chain) < MAX_CHAIN and len(users[chain[-1]]) == 1:
-            nxt = users[chain[-1]][0]
-            if nxt not in left or _inputs_of(by_name[nxt]).count(chain[-1]) != 1:
+        while len(chain) < MAX_CHAIN and len(g.users[chain[-1]]) == 1:
+            nxt = g.users[chain[-1]][0]
+            if nxt not in left or _inputs_of(g.by_name[nxt]).count(chain[-1]) != 1:
                 break
             chain.append(nxt)
             left.discard(nxt)
@@ -55,31 +46,30 @@ def _chains(desc: dict, outside: list[str]) -> list[list[str]]:
     return chains
 
 
-def reference_source(desc: dict, chain: list[str]) -> tuple[str, list[str]] | None:
+def reference_source(g: Graph, chain: list[str]) -> tuple[str, list[str]] | None:
     """`def reference(...)` computing the chain from its outside tensor inputs (fx's code
     generation, so every argument form the capture keeps is written as PyTorch reads it), and
     those inputs' node names in argument order; None when it needs anything but tensors."""
-    by_name = {d["name"]: d for d in desc["nodes"]}
-    g = fx.Graph()
+    ref = fx.Graph()
     made: dict[str, fx.Node] = {}
     inputs: list[str] = []
     for name in chain:
-        d = by_name[name]
+        d = g.by_name[name]
         if d["op"] not in ("call_function", "call_method"):
             return None
         for a in _inputs_of(d):
             if a in made:
                 continue
-            t = _tensor(by_name[a])
+            t = g.tensor(a)
             if t is None or t[1] not in FLOATS:
                 return None
-            made[a] = g.placeholder(a)
+            made[a] = ref.placeholder(a)
             inputs.append(a)
         target = resolve_target(d["target"]) if d["op"] == "call_function" else d["target"]
-        made[name] = g.create_node(d["op"], target, tuple(decode_arg(d["args"], made)),
-                                   decode_arg(d["kwargs"], made), name=name)
-    g.output(made[chain[-1]])
-    code = g.python_code(root_module="self")
+        made[name] = ref.create_node(d["op"], target, tuple(decode_arg(d["args"], made)),
+                                     decode_arg(d["kwargs"], made), name=name)
+    ref.output(made[chain[-1]])
+    code = ref.python_code(root_module="self")
     src = code.src[code.src.index("def forward("):].replace("def forward(self, ", "def reference(", 1)
     used = {k for k in code.globals if re.search(rf"\b{re.escape(k)}\b", src)}
     if used - {"torch"}:   # a helper (math's inf, a device) the reference's namespace lacks
@@ -91,20 +81,19 @@ def custom_groups(captured: dict, part: Partition, first_id: int) -> list[Group]
     """Custom groups for the ops `part` left to PyTorch as outside the catalog."""
     groups: list[Group] = []
     for desc in captured["graphs"]:
-        path = desc.get("path", "")
-        words = {t["node"]: t["op"] for t in part.torch_ops if t["graph"] == path}
-        outside = [t["node"] for t in part.torch_ops if t["graph"] == path and t["why"] == OUTSIDE]
-        by_name = {d["name"]: d for d in desc["nodes"]}
-        for chain in _chains(desc, outside):
-            out = _tensor(by_name[chain[-1]])
-            ref = reference_source(desc, chain)
+        g = Graph(desc)
+        words = {t["node"]: t["op"] for t in part.torch_ops if t["graph"] == g.path}
+        outside = [t["node"] for t in part.torch_ops if t["graph"] == g.path and t["why"] == OUTSIDE]
+        for chain in _chains(g, outside):
+            out = g.tensor(chain[-1])
+            ref = reference_source(g, chain)
             if out is None or out[1] not in FLOATS or not math.prod(out[0]) or ref is None:
                 continue
             source, inputs = ref
-            shapes = [{"shape": _tensor(by_name[a])[0], "dtype": _tensor(by_name[a])[1]} for a in inputs]
+            shapes = [dict(zip(("shape", "dtype"), g.tensor(a))) for a in inputs]
             name = "_".join(n.rstrip("_0123456789") or n for n in chain)[:48]
             spec = KernelSpec(CUSTOM_FAMILY, name, {}, out[1], {"reference": source, "inputs": shapes})
-            groups.append(Group(id=first_id + len(groups), graph=path, family=CUSTOM_FAMILY, nodes=list(chain),
+            groups.append(Group(id=first_id + len(groups), graph=g.path, family=CUSTOM_FAMILY, nodes=list(chain),
                                 replaces=[chain[-1]], ops=[words[n] for n in chain], spec=spec.to_dict(),
                                 args=[{"node": a} for a in inputs],
                                 inputs=[{"arg": i, "view": "as_is"} for i in range(len(inputs))],
