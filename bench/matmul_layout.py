@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from bench.record import run_meta
+from bench.record import run_meta, save_rows
 from mtmc.kernels.catalog import family_of
 from mtmc.kernels.task import time_candidate
 from mtmc.request.parse import parse_request
@@ -47,11 +46,7 @@ def main(argv=None) -> int:
     w = torch.randn(4096, 4096, device="cuda", dtype=getattr(torch, spec.dtype))
     transpose_ms = bench_ms(lambda: w.t().contiguous())
     meta = run_meta(transpose_4096x4096_ms=transpose_ms)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or f"{meta['date'][:10]}-matmul-layout"
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(json.dumps(meta))
+    save_rows(args.out, args.name or f"{meta['date'][:10]}-matmul-layout", meta, rows)
     return 0
 
 

@@ -30,6 +30,16 @@ def run_meta(**extra) -> dict:
             "python": platform.python_version(), **extra}
 
 
+def save_rows(out_dir: str, stem: str, meta: dict, rows: list[dict]) -> Path:
+    """A diagnosis's rows and run meta as OUT_DIR/STEM.json (no table); the meta is printed."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(json.dumps(meta))
+    return path
+
+
 class Results:
     """bench/results/STEM.json (meta + rows) and STEM.md (title, meta, table(rows))."""
 

@@ -54,6 +54,11 @@ CASES = [
     ("l1norm", {"M": 4, "N": 33}, {"eps": 1e-12}),
     ("layernorm", {"M": 3, "N": 100}, {}),
     ("rmsnorm", {"M": 3, "N": 100}, {"prologue": [{"op": "shift", "value": 1.0}]}),
+    # a conv's activation before the norm, applied on the loads (regroup's library conv + tail);
+    # the padding of the last tile must not count in the statistics (sigmoid(0) != 0)
+    ("groupnorm", {"N": 2, "C": 8, "S": 29}, {"groups": 4, "prologue": [{"op": "sigmoid"}, {"op": "scale", "value": 2.0}]}),
+    ("batchnorm", {"N": 3, "C": 5, "S": 21}, {"prologue": [{"op": "gelu"}], "epilogue": [{"op": "tanh"}]}),
+    ("instancenorm", {"N": 2, "C": 3, "S": 47}, {"prologue": [{"op": "shift", "value": 3.0}, {"op": "relu"}]}),
 ]
 
 

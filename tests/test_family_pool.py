@@ -56,6 +56,28 @@ def test_indices_equal_pytorchs(op):
     assert_matches_torch(spec)
 
 
+# the activation of a library conv before the pool (regroup): applied to every tap, and the padding
+# is the pool's own (f(0) != 0 for these steps, so a prologue applied to the fill would show)
+PRO = [{"op": "sigmoid"}, {"op": "shift", "value": 1.0}]
+
+
+def with_prologue(spec: KernelSpec, steps: list[dict]) -> KernelSpec:
+    return KernelSpec(spec.family, spec.op, spec.dims, spec.dtype, {**spec.params, "prologue": steps})
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d", "avg_pool3d", "max_pool1d"])
+def test_prologue_runs_on_each_tap_before_the_padding(op):
+    x, kw = CASES[op]
+    assert_matches_torch(with_prologue(pool_spec(op, x, **kw), PRO), UNROLL=op != "max_pool1d")
+
+
+@pytest.mark.parametrize("algo", ["plane", "window"])
+def test_prologue_of_a_global_pool_both_ways(algo):
+    spec = with_prologue(pool_spec("adaptive_avg_pool2d", (2, 3, 9, 7), output_size=1), [{"op": "gelu"}])
+    assert "after gelu" in POOL.describe(spec)
+    assert_matches_torch(spec, ALGO=algo, BLOCK_P=2, BLOCK_R=2, BLOCK_W=8, UNROLL=False)
+
+
 @pytest.mark.parametrize("op, x, kw", [
     ("adaptive_avg_pool2d", (2, 3, 9, 7), dict(output_size=1)),
     ("adaptive_max_pool3d", (1, 3, 2, 9, 7), dict(output_size=1, indices=True)),

@@ -320,6 +320,29 @@ class Partitioner:
             cur = chosen.name
         return links[::-1]
 
+    def free_prologue(self, x: NodeRef, shape: list[int], dtype: str) -> tuple[_Builder, list[dict]]:
+        """For templates whose prologue reads nothing but x (channel norms, pooling): a builder
+        whose main input starts the operand-free pointwise chain feeding x (its nodes taken), and
+        that chain's steps.  After a library conv (regroup) this is the conv's activation, applied
+        on the load instead of in a pass of its own.  Walking back, the chain stops at the first
+        step that reads another tensor."""
+        view = {"view": "like", "of": "main"}
+        scratch = _Builder(self.g, x, dtype)
+        links = self._walk_back(x, shape, dtype, view, vector_ok=False)
+        keep: list[tuple[str, str]] = []
+        for node, running in reversed(links):
+            steps = self._step(node, running, scratch, shape, view, False)
+            if steps is None or pointwise.operands(steps) or scratch.inputs:
+                break
+            keep.append((node, running))
+        keep.reverse()
+        b = _Builder(self.g, NodeRef(keep[0][1]) if keep else x, dtype)
+        chain: list[dict] = []
+        for node, running in keep:
+            chain += self._step(node, running, b, shape, view, False)
+            b.nodes += [node, *self.sem[node].covers]
+        return b, chain
+
     def _shareable(self, name: str, s: Pointwise) -> bool:
         """A cheap producer (no tensor besides its input) whose every user is a row op reading
         it as its main input: each of them recomputes it rather than reading it back from memory."""

@@ -280,7 +280,10 @@ def build(p, name: str, a: Anchor) -> None:
     if a.op in ROW_OPS and trailing == 1 and a.dim is None:
         p._rows_group(name, a)       # over the last dim: the row-wise group, prologue and all
         return
-    b = p.builder(a.x, dtype)
+    channels = a.dim is None and a.op not in ROW_OPS and a.op != "frobenius"
+    # a channel norm applies the operand-free activation before it on its loads (a conv's tail
+    # after regroup left the conv to cuDNN): one read of x instead of a pass of its own
+    b, prologue = p.free_prologue(a.x, shape, dtype) if channels else (p.builder(a.x, dtype), [])
     b.nodes += [name, *a.covers]
     if a.dim is not None:             # over a middle dim: x's buffer read in place as [M / Q, N, Q]
         dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
@@ -307,7 +310,7 @@ def build(p, name: str, a: Anchor) -> None:
             p.why[name] = f"the {a.op} weight or bias is not a {vec_shape} {dtype} tensor"
             return
         b.inputs.append({"arg": b.arg(v), "view": "vector"})
-    params = dict(a.params)
+    params = dict(a.params, **({"prologue": prologue} if prologue else {}))
     out = {"kind": "same"}
     if a.op == "batchnorm":
         if a.state.get("training_attr"):   # ModelNew checks the module is still in this mode

@@ -156,10 +156,11 @@ def build(p, name: str, a: Anchor) -> None:
     if out is None or out[0] != want:
         p.why[name] = f"the pool's output shape {out and out[0]} is not the {want} its parameters give"
         return
-    b = p.builder(a.x, dtype)
+    # the operand-free activation before the pool (a library conv's, after regroup) runs on its loads
+    b, prologue = p.free_prologue(a.x, shape, dtype)
     b.inputs.append({"arg": 0, "view": "as_is"})   # the kernel reads x through its strides
     b.nodes += [name, *a.covers]
-    params = dict(spec.params)
+    params = dict(spec.params, **({"prologue": prologue} if prologue else {}))
     last = a.out
     if not params.get("indices"):
         more, last = p._extend(a.out, b, want, {"view": "like", "of": "out"}, False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from mtmc.kernels import pointwise
 from mtmc.kernels.families._conv_geometry import SPATIAL, is_channel_step, out_names, rank
 from mtmc.kernels.families.elementwise import (
     IMPORTS, INTERPRETED_SOURCE, config_line, indent, interpreter_ints, operand_steps, signature, step_lines,
@@ -61,6 +62,7 @@ class _Render:
         self.indices = bool(spec.params.get("indices"))
         self.dims = [_Dim(n, i, spec.params, self.adaptive) for i, n in enumerate(SPATIAL[self.r])]
         self.epi = fam.epilogue(spec)
+        self.pro = fam.prologue(spec)
         self.operands = [name for _, name, _ in operand_steps(self.epi)]
         self.plane = cfg["ALGO"] == "plane"
 
@@ -85,6 +87,14 @@ class _Render:
 
     def _fill(self) -> str:
         return 'float("-inf")' if self.max else "0.0"
+
+    def _load(self, addr: str, mask: str) -> list[str]:
+        """v: the taps at addr in fp32, the prologue applied; masked-off taps (padding, past the
+        plane) hold the pool's fill, not the prologue of it."""
+        if not self.pro:
+            return [f"v = tl.load({addr}, mask={mask}, other={self._fill()}).to(tl.float32)"]
+        return [f"v = tl.load({addr}, mask={mask}, other=0.0).to(tl.float32)",
+                f"v = tl.where({mask}, {pointwise.triton_expr(self.pro, 'v', {})}, {self._fill()})  # prologue"]
 
     def _update(self, v: str, flat: str, shape: str) -> list[str]:
         """Fold value v (and its flat plane index) into the running max or sum."""
@@ -169,9 +179,8 @@ class _Render:
         if level + 1 < len(self.dims):
             lines += indent(self._taps(level + 1, [ok] if ok else [], offset))
             return lines
-        m = "mask" if ok is None else f"mask & {ok}[None, :]"
-        lines += [f"    v = tl.load(x_ptr + x_plane[:, None] + {offset}[None, :], mask={m}, "
-                  f"other={self._fill()}).to(tl.float32)",
+        m = "mask" if ok is None else f"(mask & {ok}[None, :])"
+        lines += [*indent(self._load(f"x_ptr + x_plane[:, None] + {offset}[None, :]", m)),
                   *indent(self._update("v", f"f_{v}", "[None, :]"))]
         return lines
 
@@ -219,8 +228,7 @@ class _Render:
                 "        off = i",
                 "    else:",
                 *indent(self._decode("i"), 2),
-                "    v = tl.load(x_ptr + x_plane[:, None] + off[None, :], mask=p_ok[:, None] & ok[None, :],",
-                f"                other={self._fill()}).to(tl.float32)",
+                *indent(self._load("x_ptr + x_plane[:, None] + off[None, :]", "(p_ok[:, None] & ok[None, :])")),
                 *indent(self._update("v", "i", "[None, :]"))]
         if self.max:
             body += ["# across lanes: the largest value, the first index holding it (NaN first, as scanned)",

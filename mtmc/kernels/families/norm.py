@@ -43,9 +43,9 @@ SPLITS = [1 << k for k in range(11)]          # 1 .. 1024 programs per statistic
 TILES = [1 << k for k in range(8, 15)]        # 256 .. 16384 elements per normalize tile
 SPLIT_TILE = 4096                             # elements per tile of the split template's default
 CHANNEL_PARAMS = {
-    "batchnorm": {"eps", "affine", "training", "momentum", "track_running_stats", "epilogue"},
-    "groupnorm": {"eps", "affine", "groups", "epilogue"},
-    "instancenorm": {"eps", "affine", "epilogue"},
+    "batchnorm": {"eps", "affine", "training", "momentum", "track_running_stats", "prologue", "epilogue"},
+    "groupnorm": {"eps", "affine", "groups", "prologue", "epilogue"},
+    "instancenorm": {"eps", "affine", "prologue", "epilogue"},
 }
 # (stat kind, the scale from {count} elements' {m2} (sum of squared deviations) or {sum})
 _RSTD = "1.0 / tl.sqrt({m2} / {count} + {eps})"
@@ -78,6 +78,8 @@ class ChannelRows(_rows.Rows):
     def describe(self, what: str) -> str:
         d = self.spec.dims
         text = f"{what} of a {d['N']}x{d['C']}x{d['S']} (batch x channels x spatial) {self.spec.dtype} tensor"
+        if self.prologue:
+            text += f", applied to x after {pointwise.describe_chain(self.prologue)}"
         if self.epilogue:
             text += f", then {pointwise.describe_chain(self.epilogue)} on the result"
         return text
@@ -310,10 +312,14 @@ def _validate_channels(spec: KernelSpec) -> None:
         if _training(spec) and d["N"] * d["S"] < 2:
             raise ValueError("batch norm with batch statistics needs more than one value per channel "
                              f"(N x S = {d['N'] * d['S']}), as PyTorch does")
+    for key in ("prologue", "epilogue"):
+        chain = p.get(key, [])
+        if not isinstance(chain, list) or not all(isinstance(s, dict) for s in chain):
+            raise ValueError(f"params '{key}' must be a list of steps like {{'op': 'relu'}}")
+        pointwise.validate_chain(chain)
+    if pointwise.operands(p.get("prologue", [])):   # the split template applies it to x alone
+        raise ValueError(f"{spec.op} prologues take no operands (steps on x alone, like relu or scale)")
     epi = p.get("epilogue", [])
-    if not isinstance(epi, list) or not all(isinstance(s, dict) for s in epi):
-        raise ValueError("params 'epilogue' must be a list of steps like {'op': 'relu'}")
-    pointwise.validate_chain(epi)
     if any(pointwise.operand_kind(s) == "vector" for s in epi):
         raise ValueError(f"{spec.op} epilogues take full or broadcast (periodic) operands, not [N] vectors")
 

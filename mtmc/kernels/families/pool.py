@@ -11,6 +11,8 @@ params (`pool_spec` builds them from PyTorch-style arguments):
   [floor(o I / O), ceil((o + 1) I / O)));
   max and adaptive max: indices (True: the output is the int64 flat index of each window's max
   within its input plane, exactly as PyTorch's return_indices gives it);
+  prologue: operand-free pointwise steps on each input tap before pooling (padding is filled
+  after them: max pads f(x) with -inf, avg with 0);
   epilogue: a pointwise chain on the fp32 result (pointwise vocabulary); its operands follow x
   in pointwise.operands() order: a two-operand step marked {"channel": true} (or "bias") reads a
   [C] vector, any other one a full [N, C, *OS] tensor.
@@ -137,6 +139,10 @@ class PoolFamily(Family):
     def epilogue(self, spec: KernelSpec) -> list[dict]:
         return list(spec.params.get("epilogue") or [])
 
+    def prologue(self, spec: KernelSpec) -> list[dict]:
+        """Operand-free steps on x before the pool (the activation of a library conv before it)."""
+        return list(spec.params.get("prologue") or [])
+
     def planes(self, spec: KernelSpec, dims: dict | None = None) -> int:
         d = dims or spec.dims
         return d["N"] * d["C"]
@@ -186,9 +192,10 @@ class PoolFamily(Family):
                 words.append(f"divided by {p['divisor_override']}")
         if p.get("indices"):
             words.append("int64 indices")
-        epi = self.epilogue(spec)
+        epi, pro = self.epilogue(spec), self.prologue(spec)
         then = f", then {pointwise.describe_chain(epi)}" if epi else ""
-        return f"{spec.op}: [{x}] -> [{o}] in {spec.dtype}{', ' if words else ''}{', '.join(words)}{then}"
+        first = f" after {pointwise.describe_chain(pro)}" if pro else ""
+        return f"{spec.op}{first}: [{x}] -> [{o}] in {spec.dtype}{', ' if words else ''}{', '.join(words)}{then}"
 
     def validate(self, spec: KernelSpec) -> None:
         super().validate(spec)
@@ -199,7 +206,7 @@ class PoolFamily(Family):
             raise ValueError(f"{op} needs positive dims {', '.join(need)}; missing or < 1: {', '.join(missing)}")
         if spec.dtype not in DTYPES:
             raise ValueError(f"dtype {spec.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-        allowed = {"epilogue"} | ({"indices"} if is_max(op) else set())
+        allowed = {"prologue", "epilogue"} | ({"indices"} if is_max(op) else set())
         if not is_adaptive(op):
             allowed |= {"kernel", "stride", "padding", "ceil_mode"}
             allowed |= {"dilation"} if is_max(op) else {"count_include_pad", "divisor_override"}
@@ -224,6 +231,12 @@ class PoolFamily(Family):
             if wrong:
                 raise ValueError(f"output dims {({k: d[k] for k in wrong})} do not follow from the input and "
                                  f"params; they would be {wrong}")
+        pro = p.get("prologue", [])
+        if not isinstance(pro, list) or not all(isinstance(s, dict) for s in pro):
+            raise ValueError("params 'prologue' must be a list of steps like {'op': 'relu'}")
+        pointwise.validate_chain(pro)
+        if pointwise.operands(pro):   # applied to each loaded tap, before the padding is filled in
+            raise ValueError("pool prologues take no operands (steps on x alone, like relu or scale)")
         epi = validate_channel_epilogue(p, "pool")
         if p.get("indices") and epi:
             raise ValueError("a pool that returns indices takes no epilogue (the output is int64 indices)")
@@ -263,6 +276,7 @@ class PoolFamily(Family):
         lines = [signature("reference", args)]
         # [C] operands broadcast over the channel dim of [N, C, *OS]
         lines += [f"    {names[i]} = {names[i]}.reshape(-1{', 1' * r})" for i in names if is_channel_step(epi[i])]
+        lines += indent(step_lines(self.prologue(spec), "x", {}, pointwise.torch_expr))
         call = self.torch_call(spec, "x")
         lines.append(f"    x = {call}")
         lines += indent(step_lines(epi, "x", names, pointwise.torch_expr))
@@ -334,7 +348,7 @@ class PoolFamily(Family):
         elem = DTYPE_BYTES[spec.dtype]
         operand_elems = sum(spec.dims["C"] if is_channel_step(epi[i]) else out_numel for i, _, _ in operand_steps(epi))
         out_bytes = out_numel * (8 if spec.params.get("indices") else elem)
-        flops = out_numel * (self.taps(spec) + len(epi))
+        flops = out_numel * (self.taps(spec) * (1 + len(self.prologue(spec))) + len(epi))
         return float(flops), float((planes * self.in_plane(spec) + operand_elems) * elem + out_bytes)
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:
