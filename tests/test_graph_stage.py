@@ -314,6 +314,63 @@ def test_softmax_over_a_real_dim_and_a_cast_are_not_identities(tmp_path):
     assert not [c for c in found if "softmax" in c.node or "double" in c.node or "float" in c.node], found
 
 
+CONSTANT_CASES = [
+    # the mean over a size-1 dim is its input, so x - x: zeros, and the GEMM and max feeding it go
+    ("h = self.fc(x)\nh = torch.amax(h, dim=1, keepdim=True)\nh = h - h.mean(dim=1, keepdim=True)\nreturn F.gelu(h)",
+     "self.fc = nn.Linear(16, 32)", "new_zeros", ["Linear fc", "amax"]),
+    # a softmax over a size-1 dim is ones: the linear map, the training-mode dropout and the mean go
+    ("h = self.drop(self.fc(x))\nreturn torch.softmax(h.mean(dim=1, keepdim=True), dim=1)",
+     "self.fc = nn.Linear(16, 32)\nself.drop = nn.Dropout(0.3)", "new_ones", ["Linear fc", "Dropout drop", "mean"]),
+]
+
+
+@pytest.mark.parametrize("forward, init, made, gone", CONSTANT_CASES, ids=["x-x", "softmax1"])
+def test_an_output_that_is_a_constant_drops_the_work_that_fed_it(tmp_path, forward, init, made, gone):
+    path = _module(tmp_path, forward, init)
+    cap = capture(str(path))
+    stage = graph_stage.run(cap)
+    targets = [n["target"] for n in stage["captured"]["graphs"][0]["nodes"]]
+    assert made in targets and not any("fc" in t or "drop" in t or "amax" in t for t in targets), targets
+    last = stage["applied"][-1]
+    assert all(g in last["result"] for g in gone), last["result"]
+    assert last["predicted"]["gain_ms"] > 0
+    _matches(tmp_path, path, stage["captured"])
+
+
+def test_a_constant_output_module_passes_the_whole_module_guard(tmp_path):
+    """Through optimize: the guard once refused such a module outright ("cannot be told from
+    zeros"), even with every group left to PyTorch, so it came back unoptimized and failed."""
+    forward, init, _, _ = CONSTANT_CASES[0]
+    summary = optimize_module(str(_module(tmp_path, forward, init)), Context(target="h200", max_steps=0),
+                              str(tmp_path / "new.py"))
+    assert summary["status"] == "done" and summary["check"]["status"] == "passed", summary["check"]
+    assert "new_zeros" in (tmp_path / "new.py").read_text()
+
+
+def test_max_and_min_values_over_a_size_one_dim_are_their_input(tmp_path):
+    path = _module(tmp_path, "h = x.sum(dim=1, keepdim=True)\nh = torch.max(h, dim=1, keepdim=True)[0]\n"
+                             "return torch.relu(h.min(dim=1).values)")
+    stage = graph_stage.run(capture(str(path)))
+    assert sorted(a["reason"] for a in stage["applied"]) == [
+        "exact: max over dim [1] of size 1 is its input", "exact: min over dim [1] of size 1 is its input"]
+    targets = [n["target"] for n in stage["captured"]["graphs"][0]["nodes"]]
+    assert "torch.max" not in targets and "min" not in targets and "squeeze" in targets, targets
+    _matches(tmp_path, path, stage["captured"])
+
+
+def test_a_module_updating_its_buffers_is_never_dropped(tmp_path):
+    """A training-mode BatchNorm updates its running statistics: the output no longer needs it, but
+    the update must still happen, so it (and what feeds it) stays."""
+    path = _module(tmp_path, "h = self.bn(self.fc(x))\nreturn torch.softmax(h.mean(dim=1, keepdim=True), dim=1)",
+                   "self.fc = nn.Linear(16, 32)\nself.bn = nn.BatchNorm1d(32)")
+    stage = graph_stage.run(capture(str(path)))
+    targets = [n["target"] for n in stage["captured"]["graphs"][0]["nodes"]]
+    assert "new_ones" in targets and "bn" in targets and "fc" in targets, targets
+    _, _, new, _, _ = _both(tmp_path / path.name, path.read_text(), stage["captured"])
+    ref = torch.nn.BatchNorm1d(32)
+    assert not torch.equal(new.bn.running_mean, ref.running_mean), "the running statistics were not updated"
+
+
 def test_a_graph_without_rewrites_is_left_as_captured(tmp_path):
     cap = capture(str(_module(tmp_path, "return torch.relu(x) * 2.0")))
     stage = graph_stage.run(cap)

@@ -101,3 +101,63 @@ def test_the_module_flow_splits_a_lost_conv_and_the_guard_passes_it(tmp_path, mo
     assert g["family"] == "elementwise" and g["status"] == "kernel"
     assert any("library kernel" in t["why"] for t in summary["torch_ops"])
     assert "library kernel" in (tmp_path / "report.md").read_text()
+
+
+def test_on_a_gpu_the_library_conv_runs_channels_last_with_its_tail_reading_that_layout(tmp_path):
+    """cuDNN's channels-last convs were 1.1-2.8x faster on every level-2 dev conv (H100,
+    2026-12-06); the tail then reads [N, H, W, C] with the per-channel bias as a [C] vector, and
+    the result keeps channels-last strides (nothing converts it back)."""
+    state = {**planned("conv_bias_act.py"), "gpu": True}
+    state["outcomes"] = lost(state, "conv")
+    out = module_flow.regroup(state)
+    (tail,) = [Group.from_dict(g) for g in out["groups"]]
+    assert tail.family == "elementwise" and tail.spec["dims"] == {"M": 2 * 8 * 8, "N": 8}   # rows of C
+    assert tail.spec["params"]["chain"][0] == {"op": "bias"}
+    (applied,) = out["rewrites"]["applied"]
+    assert applied["rule"] == "channels_last" and "2026-12-06-conv-layout-h100" in applied["reason"]
+    targets = [(n["target"], n["kwargs"]) for n in out["captured"]["graphs"][0]["nodes"]]
+    assert ("contiguous", {"dict": {"memory_format": {"torch": "channels_last"}}}) in targets
+    assert out["original_graphs"] == state["captured"]["graphs"]   # the guard's fallback
+    source = (MODULES / "conv_bias_act.py").read_text()
+    assert_model_new_matches(tmp_path, source, out["captured"], Partition([tail], []))
+
+
+@pytest.mark.parametrize("forward, why", [
+    ("y = self.conv(x)\nreturn torch.relu(y) + y.mean()", "leaves its pointwise tail"),
+    ("return F.group_norm(torch.relu(self.conv(x)), 2)", "a later group reads it contiguous"),
+    ("return self.conv(x).sum(dim=1)", "no pointwise op follows"),
+    ("return torch.relu(self.conv(x)) + x[:, :1, 1:-1, 1:-1]", "not per-channel"),
+])
+def test_channels_last_is_refused_where_the_layout_would_be_converted_back(tmp_path, forward, why):
+    from mtmc.module.graph_stage.layout import channels_last
+    path = tmp_path / "m.py"
+    path.write_text("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+                    "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.conv = nn.Conv2d(4, 4, 3)\n\n    def forward(self, x):\n"
+                    + "".join(f"        {line}\n" for line in forward.splitlines())
+                    + "\n\ndef get_inputs():\n    return [torch.randn(2, 4, 6, 6)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    c = channels_last(capture(str(path))["graphs"][0], "conv")
+    assert not c.legal and why in c.reason, c.reason
+
+
+@pytest.mark.parametrize("conv, x, bias, forward", [
+    ("nn.Conv3d(3, 4, 3)", "torch.randn(2, 3, 5, 6, 5)", "torch.randn(4, 1, 1, 1)",
+     "y = self.conv(x)\nreturn torch.sigmoid(y) * y + self.b"),
+    ("nn.ConvTranspose2d(3, 4, 3, stride=2)", "torch.randn(2, 3, 4, 5)", "torch.randn(4)",
+     "return torch.tanh(self.conv(x) - self.b.view(1, 4, 1, 1)) * 2.0"),
+], ids=["conv3d-swish", "conv_transpose2d"])
+def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, conv, x, bias, forward):
+    from mtmc.module.graph_stage.layout import channels_last
+    path = tmp_path / "m.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+                    f"        super().__init__()\n        self.conv = {conv}\n        self.b = nn.Parameter({bias})\n\n"
+                    "    def forward(self, x):\n" + "".join(f"        {line}\n" for line in forward.splitlines())
+                    + f"\n\ndef get_inputs():\n    return [{x}]\n\n\ndef get_init_inputs():\n    return []\n")
+    cap = capture(str(path))
+    c = channels_last(cap["graphs"][0], "conv")
+    assert c.legal, c.reason
+    new = {**cap, "graphs": [c.apply]}
+    part = partition(new, library={"": {"conv": "kept in cuDNN"}})
+    assert [g.family for g in part.groups] == ["elementwise"]
+    assert_model_new_matches(tmp_path, path.read_text(), new, part)

@@ -190,6 +190,20 @@ def test_tolerance_that_cannot_discriminate_rejects_even_honest_work():
     assert {c["name"] for c in v["checks"] if c["passed"] is False} == {"tolerance_discriminates"}
 
 
+def test_an_output_that_is_one_constant_everywhere_is_judged():
+    """Model's output is 1 on every input (a softmax over a size-1 dim): zeros and "a constant"
+    cannot be told from the truth there because the truth is a constant.  Returning it is right;
+    zeros still fail, and one variant's constant does not excuse a loose bound on the others."""
+    honest = verify(path("ref_constant_output"), path("honest_constant_output"), device="cpu", timeout_s=TIMEOUT_S)
+    assert honest["accepted"], failed(honest)
+    detail = next(c["detail"] for c in honest["checks"] if c["name"] == "tolerance_discriminates")
+    assert "is 1 everywhere on every input drawn" in detail
+    zeros = verify(path("ref_constant_output"), path("cheat_wrong_constant"), device="cpu", timeout_s=TIMEOUT_S)
+    assert not zeros["accepted"] and "correctness" in failed(zeros)
+    loose = [{"loose": [["zeros"]], "constant": [c]} for c in (0.0, None, None)]
+    assert C.tolerance_discriminates(loose)["passed"] is False
+
+
 def test_a_loss_with_one_output_value_is_judged_and_a_constant_loss_is_caught():
     """A scalar output is its own mean: the "a constant" fake once equalled the truth on every
     variant, so every loss module was refused as "cannot be told from a constant", honest or not."""

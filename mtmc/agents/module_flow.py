@@ -52,6 +52,7 @@ from mtmc.agents.stream import emit
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module import graph_stage
+from mtmc.module.graph_stage import layout
 from mtmc.module.custom_groups import custom_groups
 from mtmc.module.fusion import LIBRARY_FAMILIES, Group, Partition, partition
 
@@ -215,8 +216,10 @@ def regroup(state: ModuleState) -> dict:
             library.append({"graph": g.graph, "group": g.id, "ops": g.ops, "why": why})
     if not pins:
         return {"library": []}
+    out = _library_layout(state, [g for g in before if g.id in {x["group"] for x in library}])
+    captured = out.get("captured", state["captured"])
     # the second plan keeps the custom groups already made (and run), with their ids
-    part = _with_custom_groups(partition(state["captured"], library=pins),
+    part = _with_custom_groups(partition(captured, library=pins),
                                [g for g in before if g.family == CUSTOM_FAMILY])
     old = {(g.graph, tuple(g.nodes)): g for g in before}
     next_id = max(g.id for g in old.values()) + 1
@@ -228,7 +231,38 @@ def regroup(state: ModuleState) -> dict:
         groups.append(same or g)
     emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in groups],
                        torch_ops=part.torch_ops))
-    return {"groups": [g.to_dict() for g in groups], "torch_ops": part.torch_ops, "library": library}
+    return {**out, "groups": [g.to_dict() for g in groups], "torch_ops": part.torch_ops, "library": library}
+
+
+def _library_layout(state: ModuleState, kept: list[Group]) -> dict:
+    """On a GPU, each conv left to cuDNN runs channels-last with its pointwise tail reading that
+    layout (graph_stage.layout: cuDNN's channels-last convs measured faster); recorded with the
+    graph stage's rewrites, applied or refused with the reason.  The state's update: captured
+    (and original_graphs, for the guard's fallback) when a graph changed, rewrites."""
+    if not state.get("gpu"):
+        return {}
+    graphs = {d.get("path", ""): d for d in state["captured"]["graphs"]}
+    rewrites = dict(state.get("rewrites") or {"applied": [], "refused": [], "decisions": []})
+    applied, refused = list(rewrites.get("applied", [])), list(rewrites.get("refused", []))
+    for g in kept:
+        conv = next((n for n in g.nodes if layout.conv_rank(graphs[g.graph], n)), None)
+        if conv is None:
+            continue
+        c = layout.channels_last(graphs[g.graph], conv)
+        if c.legal:
+            graphs[g.graph] = {**c.apply, "rewritten": True}
+            applied.append({**c.to_dict(), "status": "applied", "measured": None})
+        else:
+            refused.append({**c.to_dict(), "status": "refused"})
+    new_applied, new_refused = applied[len(rewrites.get("applied", [])):], refused[len(rewrites.get("refused", [])):]
+    if new_applied or new_refused:
+        emit(E.Rewritten(applied=[_rewrite_line(a) for a in new_applied],
+                         refused=[_rewrite_line(r) for r in new_refused]))
+    out = {"rewrites": {**rewrites, "applied": applied, "refused": refused}}
+    if new_applied:
+        out["captured"] = {**state["captured"], "graphs": [graphs[d.get("path", "")] for d in state["captured"]["graphs"]]}
+        out["original_graphs"] = state.get("original_graphs") or state["captured"]["graphs"]
+    return out
 
 
 def _custom_outcome(g: Group, spec: KernelSpec, gpu: bool, ctx: Context) -> dict:

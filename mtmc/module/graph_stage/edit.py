@@ -15,6 +15,8 @@ from mtmc.module.fx_ops import Graph, NodeRef
 from mtmc.module.fxjson import arg_nodes, encode_arg
 
 PURE_OPS = ("call_function", "call_method", "get_attr")
+# functions that change buffers in place when training (batch norm's running statistics): never dead
+STATEFUL_FUNCTIONS = ("torch.nn.functional.batch_norm", "torch.nn.functional.instance_norm")
 
 
 def tensor_value(shape, dtype: str) -> dict:
@@ -80,8 +82,18 @@ class Editor:
                     return NodeRef(n["name"])
         return self.add(before, path, "get_attr", path, (), {}, shape, dtype)
 
+    def node(self, name: str) -> dict:
+        return self.nodes[self.index(name)]
+
     def replace_uses(self, old: str, new: NodeRef, after: str | None = None) -> None:
         """Every reader of `old` (except the new nodes and `after`'s predecessors) reads `new`."""
+        start = self.index(after) + 1 if after else 0
+        for n in self.nodes[start:]:
+            if n["name"] not in self.made:   # the new nodes read what they were built to read
+                self.replace_in(n["name"], old, new)
+
+    def replace_in(self, name: str, old: str, new: NodeRef) -> None:
+        """Node `name` reads `new` wherever it read `old`."""
         def swap(a):
             if isinstance(a, list):
                 return [swap(x) for x in a]
@@ -90,11 +102,8 @@ class Editor:
                     return {"node": new.name} if a["node"] == old else a
                 return {k: swap(v) for k, v in a.items()}
             return a
-        start = self.index(after) + 1 if after else 0
-        for n in self.nodes[start:]:
-            if n["name"] in self.made:   # the new nodes read what they were built to read
-                continue
-            n["args"], n["kwargs"] = swap(n["args"]), swap(n["kwargs"])
+        n = self.node(name)
+        n["args"], n["kwargs"] = swap(n["args"]), swap(n["kwargs"])
 
     def drop_dead(self, had_users: set[str], modules: set[str] = frozenset()) -> list[str]:
         """Remove pure nodes that had readers before the edit and have none now (module calls
@@ -106,13 +115,26 @@ class Editor:
             changed = False
             used = {u for n in self.nodes for u in arg_nodes(n["args"]) + arg_nodes(n["kwargs"])}
             for n in list(self.nodes):
-                pure = n["op"] in PURE_OPS or n["name"] in modules
+                pure = (n["op"] in PURE_OPS and n["target"] not in STATEFUL_FUNCTIONS) or n["name"] in modules
                 if n["name"] not in used and n["name"] in had_users and pure \
                         and not n["target"].rsplit(".", 1)[-1].endswith("_"):
                     self.nodes.remove(n)
                     dropped.append(n["name"])
                     changed = True
         return dropped
+
+
+def stateless_module_calls(desc: dict) -> set[str]:
+    """Module calls that may be dropped when nothing reads them: all but those updating their
+    buffers (a norm tracking running statistics in training mode)."""
+    mods = desc.get("modules", {})
+    out = set()
+    for n in desc["nodes"]:
+        if n["op"] == "call_module":
+            attrs = mods.get(n["target"], {}).get("attrs", {})
+            if not (attrs.get("track_running_stats") and attrs.get("training", True)):
+                out.add(n["name"])
+    return out
 
 
 def readers(desc: dict) -> set[str]:

@@ -1,9 +1,10 @@
 """Identities removed from the graph (exact for finite values), each refused where not legal.
 
   softmax / log_softmax over a dim of size 1   -> ones / zeros of the input's shape and dtype
-  logsumexp / sum / mean / amax / amin / prod over dims of size 1 -> the input (squeezed when
-                                                  keepdim is False)
+  logsumexp / sum / mean / amax / amin / prod over dims of size 1, and the values of max / min
+  over a dim of size 1                         -> the input (squeezed when keepdim is False)
   x * 1, x / 1, x + 0, x - 0                   -> x
+  x - x                                        -> zeros of its shape and dtype
   x.transpose(a, b).transpose(a, b), permutes that compose to the identity -> x
   a reshape / view to the shape it already has -> x
 
@@ -12,16 +13,22 @@ what is computed, so they live here, as recorded rewrites.  Refused: where the v
 input is changed in place later (the op is then a real copy), where removing the op would make a
 graph output the same tensor as an input or a parameter (the caller could see one change with the
 other), and where the dtype or shape would change.  A softmax of a row holding inf or nan gives
-nan, the constant does not: the rewrite assumes finite inputs (the guard checks finite ones).
+nan, the constant does not (nor does inf - inf): the rewrites assume finite values (the guard
+checks finite inputs).  A constant is made from the shape alone (`new_ones` on a graph input, for
+its device), so whatever only fed the replaced op is dropped with it: pure functions and module
+calls, but never an in-place op nor a module updating its buffers (a norm with running statistics
+in training mode); a dropout so dropped no longer draws its random numbers.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.nn.functional as F
 
 from mtmc.module.fx_ops import Graph, NodeRef, Pointwise, _arg, q
 from mtmc.module.graph_stage.common import classify
-from mtmc.module.graph_stage.edit import Editor, numel, readers
+from mtmc.module.graph_stage.edit import Editor, numel, readers, stateless_module_calls
 from mtmc.module.graph_stage.records import Candidate, Work
 
 RULE = "identity"
@@ -34,6 +41,8 @@ REDUCE = {q(torch.logsumexp): "logsumexp", q(torch.sum): "sum", q(torch.mean): "
 REDUCE_METHODS = {"logsumexp", "sum", "mean", "amax", "amin", "prod"}
 TRANSPOSE, PERMUTE = q(torch.transpose), q(torch.permute)
 RESHAPES = {"reshape", "view"}
+VALUES_OF = {q(torch.max): "max", q(torch.min): "min"}   # (values, indices) with a dim
+MATMULS = {q(torch.matmul), q(torch.bmm), q(torch.mm), q(F.linear), "_operator.matmul"}
 
 
 def _mutated(g: Graph) -> set[str]:
@@ -88,23 +97,64 @@ def candidates(desc: dict) -> list[Candidate]:
             continue
         ed = Editor(desc)
         had = readers(desc)
+        constant = make in ("ones", "zeros")
         if make == "alias":
             new = NodeRef(src)
-        elif make in ("ones", "zeros"):
-            fn = q(torch.ones_like) if make == "ones" else q(torch.zeros_like)
-            new = ed.add(name, make, "call_function", fn, (NodeRef(src),), {}, t[0], t[1])
+        elif constant:
+            new = _constant(g, ed, name, make, src, t)
         else:   # ("squeeze", dims)
             new = ed.add(name, "squeeze", "call_method", "squeeze", (NodeRef(src), tuple(make[1])), {}, t[0], t[1])
         ed.replace_uses(name, new)
-        ed.drop_dead(had | {name}, {name})
+        # a constant made from the shape alone leaves the work that fed the op unread: it goes too
+        # (module calls included, but never one that updates buffers, nor an in-place op)
+        dropped = ed.drop_dead(had | {name}, {name} | (stateless_module_calls(desc) if constant else set()))
         size = 4.0 * numel(t[0])
-        after = Work(0.0, size if make in ("ones", "zeros") else 0.0, 1 if make in ("ones", "zeros") else 0)
+        after = Work(0.0, size if constant else 0.0, 1 if constant else 0)
+        before = Work(float(numel(t[0])), 2 * size, 1) + work_of(g, [d for d in dropped if d != name])
         result = {"alias": "its input", "ones": "ones of its shape", "zeros": "zeros of its shape"}.get(
             make if isinstance(make, str) else "", "its input with the size-1 dims squeezed")
+        gone = [g.words(d) for d in dropped if d != name and g.by_name[d]["op"] != "get_attr"
+                and g.by_name[d]["target"] not in ("getattr", q(operator.getitem))]
+        if gone and constant:
+            result += f"; what only fed it is no longer computed: {', '.join(gone)}"
         found.append(Candidate(RULE, name, g.path, True, f"exact: {kind}", ops=ops, result=result,
-                               before=Work(float(numel(t[0])), 2 * size, 1), after=after, dtype=t[1],
-                               apply=ed.desc))
+                               before=before, after=after, dtype=t[1], apply=ed.desc))
     return found
+
+
+def _constant(g: Graph, ed: Editor, name: str, make: str, src: str, t) -> NodeRef:
+    """ones / zeros of the op's shape and dtype, on the device of a graph input (so nothing
+    computed is read: the work before it can go), or like `src` when the graph has no tensor input."""
+    first = next((n["name"] for n in g.nodes if n["op"] == "placeholder" and g.tensor(n["name"]) is not None), None)
+    if first is None:
+        fn = q(torch.ones_like) if make == "ones" else q(torch.zeros_like)
+        return ed.add(name, make, "call_function", fn, (NodeRef(src),), {}, t[0], t[1])
+    return ed.add(name, make, "call_method", f"new_{make}", (NodeRef(first), tuple(t[0])),
+                  {"dtype": getattr(torch, t[1])}, t[0], t[1])
+
+
+def work_of(g: Graph, names: list[str]) -> Work:
+    """Rough work of captured nodes (for the predicted gain of dropping them): a GEMM's or
+    conv's multiply-adds, else one flop per output element; bytes read and written."""
+    total = Work()
+    for name in names:
+        t = g.tensor(name)
+        if t is None:
+            continue
+        out = numel(t[0])
+        args, _ = g.args(name)
+        ins = [g.tensor(a) for a in args if isinstance(a, NodeRef) and g.tensor(a) is not None]
+        flops = float(out)
+        n = g.by_name[name]
+        if n["op"] == "call_module":
+            info = g.modules.get(n["target"], {})
+            w = info.get("params", {}).get("weight")
+            if w and ("Linear" in info.get("type", "") or "Conv" in info.get("type", "")):
+                flops = 2.0 * out * numel(w["shape"][1:]) if isinstance(w, dict) and "shape" in w else flops
+        elif n["target"] in MATMULS and ins:
+            flops = 2.0 * out * ins[0][0][-1]
+        total = total + Work(flops, 4.0 * (out + sum(numel(s) for s, _ in ins)), 1)
+    return total
 
 
 def _singleton_reduction(g: Graph, name: str, op: str, args, kwargs):
@@ -150,10 +200,23 @@ def _match(g: Graph, name: str):
     op = REDUCE.get(fn) or (method if method in REDUCE_METHODS else None)
     if op:
         return _singleton_reduction(g, name, op, args, kwargs)
-    # x * 1, x / 1, x + 0, x - 0
+    # the values of torch.max / torch.min over a dim of size 1 (x.max(1)[0], .values)
+    if (fn == q(operator.getitem) and args[1:2] == (0,)) or (fn == "getattr" and args[1:2] == ("values",)):
+        src = args[0] if isinstance(args[0], NodeRef) else None
+        s = g.by_name[src.name] if src else None
+        op = s and (VALUES_OF.get(s["target"]) if s["op"] == "call_function" else
+                    s["target"] if s["op"] == "call_method" and s["target"] in ("max", "min") else None)
+        if op:
+            sargs, skwargs = g.args(src.name)
+            if _arg(sargs, skwargs, 1, "dim") is not None:
+                return _singleton_reduction(g, name, op, sargs, skwargs)
+        return None
+    # x * 1, x / 1, x + 0, x - 0; and x - x
     s = classify(g, name)
     if isinstance(s, Pointwise) and s.binop in ("mul", "div", "add", "sub"):
         x, y = s.inputs
+        if s.binop == "sub" and isinstance(x, NodeRef) and x == y and g.tensor(x) == t:
+            return ("x - x is 0 (for finite x)", x.name, "zeros")
         unit = {"mul": 1.0, "div": 1.0, "add": 0.0, "sub": 0.0}[s.binop]
         for a, b, ok in ((x, y, True), (y, x, s.binop in ("mul", "add"))):
             if ok and isinstance(a, NodeRef) and g.number(b) == unit and not isinstance(b, NodeRef) \

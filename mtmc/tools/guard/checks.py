@@ -167,16 +167,34 @@ def result_caching(judged: list, metas: list) -> dict:
                  "first call's input buffers, refilled in place: the outputs followed the new values")
 
 
+def _constant_output(metas: list, j: int) -> float | None:
+    """The value output j holds exactly, everywhere, on every input variant, or None."""
+    values = {(m.get("constant") or [None] * (j + 1))[j] for m in metas}
+    (value,) = values if len(values) == 1 else (None,)
+    return value
+
+
 def tolerance_discriminates(metas: list) -> dict:
     """The bound must reject zeros, a constant and a copy of an input on these inputs; if one of
-    them would pass every trial, the check could accept it and the verdict cannot stand."""
-    loose = []
+    them would pass every trial, the check could accept it and the verdict cannot stand.  An
+    output that IS one constant on every input variant (Model's value does not depend on the
+    inputs': x - x, a softmax over a dim of size 1) is that constant: returning it is right, so
+    only a copy of an input must fail there."""
+    loose, fixed = [], []
     for j, names in enumerate(metas[0]["loose"] if metas else []):
+        value = _constant_output(metas, j)
+        if value is not None:
+            fixed.append(f"output {j} is {value:g} everywhere on every input drawn")
         for name in names:
+            if value is not None and name in ("zeros", "a constant"):
+                continue
             if all(name in m["loose"][j] for m in metas):
                 loose.append(f"output {j} cannot be told from {name}")
     if loose:
         return check("tolerance_discriminates", False, "the tolerance is too loose for this module: " + "; ".join(loose))
+    if fixed:
+        return check("tolerance_discriminates", True, "; ".join(fixed) + " (Model's output does not depend on the "
+                     "inputs' values): a candidate must return exactly that; a copy of the input fails the tolerance")
     return check("tolerance_discriminates", True, "zeros, a constant and a copy of the input each fail the tolerance")
 
 

@@ -166,6 +166,21 @@ def mean(ref) -> float:
     return total / count if count else 0.0
 
 
+def exact_constant(ref) -> float | None:
+    """The one value every element of a float output holds (finite), or None: Model's output
+    that does not depend on the inputs' values (x - x, a softmax over a dim of size 1)."""
+    import torch
+    if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or ref.numel() == 0:
+        return None
+    flat, lo, hi = _flat(ref), math.inf, -math.inf
+    for sl in _slices(flat.numel()):
+        x = flat[sl].to(torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            return None
+        lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    return lo if lo == hi else None
+
+
 def fakes(ref, eager, inputs: list, constant: float | None = None) -> dict:
     """Outputs (in the task's dtype) a check must reject: zeros, a constant and a copy of each
     input with the output's number of elements.  The constant is the reference's mean, or

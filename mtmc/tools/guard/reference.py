@@ -260,6 +260,7 @@ def variant_job(job: dict) -> dict:
               "out_bytes": sum(t.numel() * t.element_size() for t in eager),
               "outputs": [{"shape": list(e.shape), "dtype": str(e.dtype)} for e in eager],
               "loose": _loose(judged_by, eager, inputs),
+              "constant": [numeric.exact_constant(r) for r in judged_by],
               "inputs_fingerprint": [numeric.fingerprint(x) for x in flat_tensors(inputs) if x.is_floating_point()]}
     if _RUN["time"] and _RUN["device"] == "cuda" and _RUN["eager_ms"] is None:
         from mtmc.tools.timing import bench_ms
