@@ -24,3 +24,24 @@ def test_a_size_the_module_does_not_assign_is_an_error():
     with pytest.raises(ValueError, match="no top-level assignment of \\['hidden'\\]"):
         resized("batch, rows = 2, 3\n", {"batch": 4, "hidden": 8})
     assert resized("batch, rows = 2, 3\nx = 1\n", {"rows": 30}) == "batch, rows = 2, 30\nx = 1\n"
+
+
+def test_conv_layout_finds_every_conv_the_forward_calls_with_its_input():
+    """bench.conv_layout times each conv of a task at the input it really gets (GPU only); which
+    convs, and which inputs, is found on the CPU."""
+    import torch
+    from bench.conv_layout import _conv_inputs, _layout
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 4, 3), torch.nn.ConvTranspose3d(2, 2, 3)
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x, y):
+            return self.fc(self.a(x).mean((2, 3))), self.b(y)
+
+    net, x, y = Net(), torch.randn(2, 3, 8, 8), torch.randn(1, 2, 4, 4, 4)
+    seen = _conv_inputs(net, [x, y])
+    assert [(m, tuple(t.shape)) for m, t in seen] == [(net.a, (2, 3, 8, 8)), (net.b, (1, 2, 4, 4, 4))]
+    assert _layout(4) is torch.channels_last and _layout(5) is torch.channels_last_3d and _layout(3) is None
