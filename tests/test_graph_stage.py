@@ -358,6 +358,17 @@ def test_max_and_min_values_over_a_size_one_dim_are_their_input(tmp_path):
     _matches(tmp_path, path, stage["captured"])
 
 
+def test_a_random_op_is_not_dropped_while_another_draws_after_it(tmp_path):
+    """Dropping the first dropout would move the generator's stream under the second one, so the
+    module's random output would change: the constant is then made like its input, nothing dropped."""
+    path = _module(tmp_path, "h = self.d1(self.fc(x))\nz = torch.softmax(h.mean(dim=1, keepdim=True), dim=1)\n"
+                             "return z + self.d2(x)",
+                   "self.fc = nn.Linear(16, 32)\nself.d1 = nn.Dropout(0.3)\nself.d2 = nn.Dropout(0.5)")
+    stage = graph_stage.run(capture(str(path)))
+    targets = [n["target"] for n in stage["captured"]["graphs"][0]["nodes"]]
+    assert "torch.ones_like" in targets and "d1" in targets and "fc" in targets, targets
+
+
 def test_a_module_updating_its_buffers_is_never_dropped(tmp_path):
     """A training-mode BatchNorm updates its running statistics: the output no longer needs it, but
     the update must still happen, so it (and what feeds it) stays."""

@@ -124,6 +124,24 @@ class Editor:
         return dropped
 
 
+RANDOM_FUNCTIONS = frozenset(f"torch.{f}" for f in ("rand", "randn", "randint", "rand_like", "randn_like", "randint_like",
+                                                    "bernoulli", "multinomial", "normal", "randperm")) | frozenset(
+    f"torch.nn.functional.{f}" for f in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                                         "feature_alpha_dropout"))
+RANDOM_METHODS = frozenset(("bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_"))
+
+
+def draws_random(desc: dict, name: str) -> bool:
+    """Node `name` draws from the random number generator (dropout in training mode, rand...)."""
+    n = next(n for n in desc["nodes"] if n["name"] == name)
+    if n["op"] == "call_module":
+        info = desc.get("modules", {}).get(n["target"], {})
+        attrs = info.get("attrs", {})
+        return "Dropout" in info.get("type", "") and attrs.get("training", True) and attrs.get("p", 0) > 0
+    return (n["op"] == "call_function" and n["target"] in RANDOM_FUNCTIONS) or \
+        (n["op"] == "call_method" and n["target"] in RANDOM_METHODS)
+
+
 def stateless_module_calls(desc: dict) -> set[str]:
     """Module calls that may be dropped when nothing reads them: all but those updating their
     buffers (a norm tracking running statistics in training mode)."""

@@ -17,7 +17,8 @@ nan, the constant does not (nor does inf - inf): the rewrites assume finite valu
 checks finite inputs).  A constant is made from the shape alone (`new_ones` on a graph input, for
 its device), so whatever only fed the replaced op is dropped with it: pure functions and module
 calls, but never an in-place op nor a module updating its buffers (a norm with running statistics
-in training mode); a dropout so dropped no longer draws its random numbers.
+in training mode); a dropout so dropped no longer draws its random numbers, so none is dropped
+while another random op stays (its draws would change).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from mtmc.module.fx_ops import Graph, NodeRef, Pointwise, _arg, q
 from mtmc.module.graph_stage.common import classify
-from mtmc.module.graph_stage.edit import Editor, numel, readers, stateless_module_calls
+from mtmc.module.graph_stage.edit import Editor, draws_random, numel, readers, stateless_module_calls
 from mtmc.module.graph_stage.records import Candidate, Work
 
 RULE = "identity"
@@ -95,19 +96,10 @@ def candidates(desc: dict) -> list[Candidate]:
             found.append(refuse(f"{g.words(name)} is a graph output: without it the output would be the "
                                 f"{'input' if g.by_name[src]['op'] == 'placeholder' else 'parameter'} itself (aliased)"))
             continue
-        ed = Editor(desc)
-        had = readers(desc)
         constant = make in ("ones", "zeros")
-        if make == "alias":
-            new = NodeRef(src)
-        elif constant:
-            new = _constant(g, ed, name, make, src, t)
-        else:   # ("squeeze", dims)
-            new = ed.add(name, "squeeze", "call_method", "squeeze", (NodeRef(src), tuple(make[1])), {}, t[0], t[1])
-        ed.replace_uses(name, new)
-        # a constant made from the shape alone leaves the work that fed the op unread: it goes too
-        # (module calls included, but never one that updates buffers, nor an in-place op)
-        dropped = ed.drop_dead(had | {name}, {name} | (stateless_module_calls(desc) if constant else set()))
+        ed, dropped = _edit(g, desc, name, make, src, t, from_shape=constant)
+        if constant and _shifts_random_draws(desc, ed.desc, dropped):
+            ed, dropped = _edit(g, desc, name, make, src, t, from_shape=False)
         size = 4.0 * numel(t[0])
         after = Work(0.0, size if constant else 0.0, 1 if constant else 0)
         before = Work(float(numel(t[0])), 2 * size, 1) + work_of(g, [d for d in dropped if d != name])
@@ -122,11 +114,34 @@ def candidates(desc: dict) -> list[Candidate]:
     return found
 
 
-def _constant(g: Graph, ed: Editor, name: str, make: str, src: str, t) -> NodeRef:
+def _edit(g: Graph, desc: dict, name: str, make, src: str, t, from_shape: bool) -> tuple[Editor, list[str]]:
+    """The graph with node `name` replaced as `make` says, and the nodes dropped as dead.  A
+    constant made from the shape alone leaves the work that fed the op unread: it goes too
+    (module calls included, but never one that updates buffers, nor an in-place op)."""
+    ed = Editor(desc)
+    had = readers(desc)
+    if make == "alias":
+        new = NodeRef(src)
+    elif make in ("ones", "zeros"):
+        new = _constant(g, ed, name, make, src, t, from_shape)
+    else:   # ("squeeze", dims)
+        new = ed.add(name, "squeeze", "call_method", "squeeze", (NodeRef(src), tuple(make[1])), {}, t[0], t[1])
+    ed.replace_uses(name, new)
+    return ed, ed.drop_dead(had | {name}, {name} | (stateless_module_calls(desc) if from_shape else set()))
+
+
+def _shifts_random_draws(before: dict, after: dict, dropped: list[str]) -> bool:
+    """Dropping a random op (a training-mode dropout) while another stays would change the
+    numbers the one that stays draws (the generator's stream moves by less)."""
+    return any(draws_random(before, d) for d in dropped) and any(draws_random(after, n["name"]) for n in after["nodes"])
+
+
+def _constant(g: Graph, ed: Editor, name: str, make: str, src: str, t, from_shape: bool = True) -> NodeRef:
     """ones / zeros of the op's shape and dtype, on the device of a graph input (so nothing
-    computed is read: the work before it can go), or like `src` when the graph has no tensor input."""
+    computed is read: the work before it can go), or like `src` when the graph has no tensor
+    input or `from_shape` is off."""
     first = next((n["name"] for n in g.nodes if n["op"] == "placeholder" and g.tensor(n["name"]) is not None), None)
-    if first is None:
+    if first is None or not from_shape:
         fn = q(torch.ones_like) if make == "ones" else q(torch.zeros_like)
         return ed.add(name, make, "call_function", fn, (NodeRef(src),), {}, t[0], t[1])
     return ed.add(name, make, "call_method", f"new_{make}", (NodeRef(first), tuple(t[0])),
