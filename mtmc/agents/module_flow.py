@@ -242,10 +242,9 @@ def _library_layout(state: ModuleState, kept: list[Group]) -> dict:
     if not state.get("gpu"):
         return {}
     graphs = {d.get("path", ""): d for d in state["captured"]["graphs"]}
-    rewrites = dict(state.get("rewrites") or {"applied": [], "refused": [], "decisions": []})
-    applied, refused = list(rewrites.get("applied", [])), list(rewrites.get("refused", []))
+    applied, refused = [], []
     for g in kept:
-        conv = next((n for n in g.nodes if layout.conv_rank(graphs[g.graph], n)), None)
+        conv = layout.conv_of(graphs[g.graph], g.nodes)
         if conv is None:
             continue
         c = layout.channels_last(graphs[g.graph], conv)
@@ -254,12 +253,13 @@ def _library_layout(state: ModuleState, kept: list[Group]) -> dict:
             applied.append({**c.to_dict(), "status": "applied", "measured": None})
         else:
             refused.append({**c.to_dict(), "status": "refused"})
-    new_applied, new_refused = applied[len(rewrites.get("applied", [])):], refused[len(rewrites.get("refused", [])):]
-    if new_applied or new_refused:
-        emit(E.Rewritten(applied=[_rewrite_line(a) for a in new_applied],
-                         refused=[_rewrite_line(r) for r in new_refused]))
-    out = {"rewrites": {**rewrites, "applied": applied, "refused": refused}}
-    if new_applied:
+    if not (applied or refused):
+        return {}
+    emit(E.Rewritten(applied=[_rewrite_line(a) for a in applied], refused=[_rewrite_line(r) for r in refused]))
+    rewrites = state.get("rewrites") or {"applied": [], "refused": [], "decisions": []}
+    out = {"rewrites": {**rewrites, "applied": [*rewrites.get("applied", []), *applied],
+                        "refused": [*rewrites.get("refused", []), *refused]}}
+    if applied:
         out["captured"] = {**state["captured"], "graphs": [graphs[d.get("path", "")] for d in state["captured"]["graphs"]]}
         out["original_graphs"] = state.get("original_graphs") or state["captured"]["graphs"]
     return out

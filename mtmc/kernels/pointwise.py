@@ -206,6 +206,18 @@ def _periodic(f, x, y, every, period):
 '''
 
 
+def param_chain(params: dict, key: str, operand_free: str | None = None) -> list[dict]:
+    """params[key] (a prologue or epilogue; [] when absent), checked as a chain; `operand_free`
+    names the op whose template applies it to x alone, refusing steps that read a tensor."""
+    chain = params.get(key, [])
+    if not isinstance(chain, list) or not all(isinstance(s, dict) for s in chain):
+        raise ValueError(f"params {key!r} must be a list of steps like {{'op': 'relu'}}")
+    validate_chain(chain)
+    if operand_free and operands(chain):
+        raise ValueError(f"{operand_free} {key}s take no operands (steps on x alone, like relu or scale)")
+    return chain
+
+
 def validate_chain(chain: list[dict], indexed: bool = False) -> None:
     """ValueError with the reason when `chain` is not valid; `indexed`: the kernel gives steps
     each element's row and column (tril, triu)."""

@@ -77,10 +77,7 @@ def validate_rows(spec: KernelSpec, allowed_params: set[str], epilogue: bool) ->
     if "epilogue" in spec.params and not epilogue:
         raise ValueError(f"{spec.family} takes no epilogue")
     for key in ("prologue", "epilogue"):
-        chain = spec.params.get(key, [])
-        if not isinstance(chain, list) or not all(isinstance(s, dict) for s in chain):
-            raise ValueError(f"params {key!r} must be a list of steps like {{'op': 'relu'}}")
-        pointwise.validate_chain(chain)
+        pointwise.param_chain(spec.params, key)
 
 
 def number_param(spec: KernelSpec, key: str, default: float, positive: bool = False) -> float:

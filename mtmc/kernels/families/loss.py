@@ -78,10 +78,7 @@ class LossFamily(Family):
         if spec.op == "cross_entropy" and red == "mean" and spec.dims["M"] >= 2 ** 24:
             raise ValueError("a cross-entropy mean counts its rows in fp32: at most 2**24 rows")
         for key in ("prologue", "epilogue"):
-            chain = spec.params.get(key, [])
-            if not isinstance(chain, list) or not all(isinstance(s, dict) for s in chain):
-                raise ValueError(f"params {key!r} must be a list of steps like {{'op': 'relu'}}")
-            pointwise.validate_chain(chain)
+            pointwise.param_chain(spec.params, key)
         if pointwise.operands(spec.params.get("epilogue", [])):
             raise ValueError("a row loss's epilogue takes no tensor operands")
 

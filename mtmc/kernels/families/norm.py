@@ -312,14 +312,8 @@ def _validate_channels(spec: KernelSpec) -> None:
         if _training(spec) and d["N"] * d["S"] < 2:
             raise ValueError("batch norm with batch statistics needs more than one value per channel "
                              f"(N x S = {d['N'] * d['S']}), as PyTorch does")
-    for key in ("prologue", "epilogue"):
-        chain = p.get(key, [])
-        if not isinstance(chain, list) or not all(isinstance(s, dict) for s in chain):
-            raise ValueError(f"params '{key}' must be a list of steps like {{'op': 'relu'}}")
-        pointwise.validate_chain(chain)
-    if pointwise.operands(p.get("prologue", [])):   # the split template applies it to x alone
-        raise ValueError(f"{spec.op} prologues take no operands (steps on x alone, like relu or scale)")
-    epi = p.get("epilogue", [])
+    pointwise.param_chain(p, "prologue", operand_free=spec.op)   # the split template applies it to x alone
+    epi = pointwise.param_chain(p, "epilogue")
     if any(pointwise.operand_kind(s) == "vector" for s in epi):
         raise ValueError(f"{spec.op} epilogues take full or broadcast (periodic) operands, not [N] vectors")
 

@@ -231,12 +231,8 @@ class PoolFamily(Family):
             if wrong:
                 raise ValueError(f"output dims {({k: d[k] for k in wrong})} do not follow from the input and "
                                  f"params; they would be {wrong}")
-        pro = p.get("prologue", [])
-        if not isinstance(pro, list) or not all(isinstance(s, dict) for s in pro):
-            raise ValueError("params 'prologue' must be a list of steps like {'op': 'relu'}")
-        pointwise.validate_chain(pro)
-        if pointwise.operands(pro):   # applied to each loaded tap, before the padding is filled in
-            raise ValueError("pool prologues take no operands (steps on x alone, like relu or scale)")
+        # applied to each loaded tap, before the padding is filled in
+        pointwise.param_chain(p, "prologue", operand_free="pool")
         epi = validate_channel_epilogue(p, "pool")
         if p.get("indices") and epi:
             raise ValueError("a pool that returns indices takes no epilogue (the output is int64 indices)")

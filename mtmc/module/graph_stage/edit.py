@@ -131,11 +131,11 @@ RANDOM_FUNCTIONS = frozenset(f"torch.{f}" for f in ("rand", "randn", "randint", 
 RANDOM_METHODS = frozenset(("bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_"))
 
 
-def draws_random(desc: dict, name: str) -> bool:
-    """Node `name` draws from the random number generator (dropout in training mode, rand...)."""
-    n = next(n for n in desc["nodes"] if n["name"] == name)
+def draws_random(modules: dict, n: dict) -> bool:
+    """Node `n` (of a graph whose module calls `modules` describes) draws from the random number
+    generator (dropout in training mode, rand...)."""
     if n["op"] == "call_module":
-        info = desc.get("modules", {}).get(n["target"], {})
+        info = modules.get(n["target"], {})
         attrs = info.get("attrs", {})
         return "Dropout" in info.get("type", "") and attrs.get("training", True) and attrs.get("p", 0) > 0
     return (n["op"] == "call_function" and n["target"] in RANDOM_FUNCTIONS) or \

@@ -19,31 +19,31 @@ values in channels-last strides.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from mtmc.module.fx_ops import Graph, NodeRef, Pointwise, q
-from mtmc.module.graph_stage.common import classify, per_feature
+from mtmc.module.fx_ops import Graph, NodeRef, Pointwise
+from mtmc.module.graph_stage.common import CONV_FUNCTIONS, CONV_MODULES, classify, per_feature
 from mtmc.module.graph_stage.edit import Editor, numel, tensor_value
 from mtmc.module.graph_stage.records import Candidate
 
 RULE = "channels_last"
 MEASURED = "bench/results/2026-12-06-conv-layout-h100.json"
-CONV_MODULES = {f"torch.nn.modules.conv.{c}": r for c, r in
-                (("Conv2d", 4), ("Conv3d", 5), ("ConvTranspose2d", 4), ("ConvTranspose3d", 5))}
-CONV_FUNCTIONS = {q(F.conv2d): 4, q(F.conv3d): 5, q(F.conv_transpose2d): 4, q(F.conv_transpose3d): 5}
 FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
-def conv_rank(desc: dict, name: str) -> int | None:
-    """4 or 5 where node `name` is a 2-D or 3-D (transposed) conv, else None."""
-    return _rank(Graph(desc), name)
+def conv_of(desc: dict, nodes: list[str]) -> str | None:
+    """The first of `nodes` that is a 2-D or 3-D (transposed) conv, or None."""
+    g = Graph(desc)
+    return next((n for n in nodes if _rank(g, n)), None)
 
 
 def _rank(g: Graph, name: str) -> int | None:
+    """The tensor rank (4 or 5) of a 2-D or 3-D (transposed) conv node, else None."""
     n = g.by_name[name]
     if n["op"] == "call_module":
-        return CONV_MODULES.get(g.modules.get(n["target"], {}).get("type", ""))
-    return CONV_FUNCTIONS.get(n["target"]) if n["op"] == "call_function" else None
+        conv = CONV_MODULES.get(g.modules.get(n["target"], {}).get("type", ""))
+    else:
+        conv = CONV_FUNCTIONS.get(n["target"]) if n["op"] == "call_function" else None
+    return conv[1] + 2 if conv and conv[1] in (2, 3) else None
 
 
 def _tail(g: Graph, conv: str, shape, dtype) -> tuple[list[str], list[str]]:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from mtmc.module.fx_ops import Graph, NodeRef, Pointwise, _arg, q
-from mtmc.module.graph_stage.common import classify
+from mtmc.module.graph_stage.common import MATMULS, classify
 from mtmc.module.graph_stage.edit import Editor, draws_random, numel, readers, stateless_module_calls
 from mtmc.module.graph_stage.records import Candidate, Work
 
@@ -43,7 +43,7 @@ REDUCE_METHODS = {"logsumexp", "sum", "mean", "amax", "amin", "prod"}
 TRANSPOSE, PERMUTE = q(torch.transpose), q(torch.permute)
 RESHAPES = {"reshape", "view"}
 VALUES_OF = {q(torch.max): "max", q(torch.min): "min"}   # (values, indices) with a dim
-MATMULS = {q(torch.matmul), q(torch.bmm), q(torch.mm), q(F.linear), "_operator.matmul"}
+GEMMS = MATMULS | {q(torch.bmm), q(F.linear)}   # for the work a dropped node did
 
 
 def _mutated(g: Graph) -> set[str]:
@@ -98,7 +98,7 @@ def candidates(desc: dict) -> list[Candidate]:
             continue
         constant = make in ("ones", "zeros")
         ed, dropped = _edit(g, desc, name, make, src, t, from_shape=constant)
-        if constant and _shifts_random_draws(desc, ed.desc, dropped):
+        if constant and _shifts_random_draws(g, ed.desc, dropped):
             ed, dropped = _edit(g, desc, name, make, src, t, from_shape=False)
         size = 4.0 * numel(t[0])
         after = Work(0.0, size if constant else 0.0, 1 if constant else 0)
@@ -130,10 +130,11 @@ def _edit(g: Graph, desc: dict, name: str, make, src: str, t, from_shape: bool) 
     return ed, ed.drop_dead(had | {name}, {name} | (stateless_module_calls(desc) if from_shape else set()))
 
 
-def _shifts_random_draws(before: dict, after: dict, dropped: list[str]) -> bool:
-    """Dropping a random op (a training-mode dropout) while another stays would change the
-    numbers the one that stays draws (the generator's stream moves by less)."""
-    return any(draws_random(before, d) for d in dropped) and any(draws_random(after, n["name"]) for n in after["nodes"])
+def _shifts_random_draws(g: Graph, after: dict, dropped: list[str]) -> bool:
+    """Dropping a random op (a training-mode dropout) of graph `g` while another stays would
+    change the numbers the one that stays draws (the generator's stream moves by less)."""
+    return any(draws_random(g.modules, g.by_name[d]) for d in dropped) and \
+        any(draws_random(g.modules, n) for n in after["nodes"])
 
 
 def _constant(g: Graph, ed: Editor, name: str, make: str, src: str, t, from_shape: bool = True) -> NodeRef:
@@ -165,8 +166,8 @@ def work_of(g: Graph, names: list[str]) -> Work:
             info = g.modules.get(n["target"], {})
             w = info.get("params", {}).get("weight")
             if w and ("Linear" in info.get("type", "") or "Conv" in info.get("type", "")):
-                flops = 2.0 * out * numel(w["shape"][1:]) if isinstance(w, dict) and "shape" in w else flops
-        elif n["target"] in MATMULS and ins:
+                flops = 2.0 * out * numel(w["shape"][1:])
+        elif n["target"] in GEMMS and ins:
             flops = 2.0 * out * ins[0][0][-1]
         total = total + Work(flops, 4.0 * (out + sum(numel(s) for s, _ in ins)), 1)
     return total
