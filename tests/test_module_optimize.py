@@ -9,6 +9,7 @@ import ast
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -575,6 +576,11 @@ def test_cli_optimize_json_report_and_standalone_file(tmp_path):
     assert summary["check"]["status"] == "passed"
     assert summary["torch_ops"] == [] and [g["family"] for g in summary["groups"]] == ["conv"]
     assert "Conv2d conv (line 17)" in report.read_text() and "Triton conv" in report.read_text()
+    # where the seconds went: the draft's step and the module check, each job of the guard named
+    step_time = next(ln for ln in proc.stderr.splitlines() if ln.startswith("[time]   compile "))
+    assert "guard " in step_time and "candidate open" in step_time
+    assert re.search(r"^\[time\]   module check [\d.]+ s: reference open [\d.]+, .*candidate trial \dx ",
+                     proc.stderr, re.M), proc.stderr[-3000:]
     # NEW.py runs on its own: Model, get_inputs and get_init_inputs kept, ModelNew defined
     code = ("import torch, runpy; ns = runpy.run_path('new.py'); m = ns['Model'](*ns['get_init_inputs']()); "
             "n = ns['ModelNew'](*ns['get_init_inputs']()); n.load_state_dict(m.state_dict()); "

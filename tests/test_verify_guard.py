@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mtmc.commands.cli import main
-from mtmc.tools.guard.report import format_verdict
+from mtmc.tools.guard.report import format_verdict, phase_line
 from mtmc.tools.guard.verifier import check_candidate, run_reference, verify
 from mtmc.tools.guard import checks as C
 from mtmc.tools.guard import numeric
@@ -110,6 +110,19 @@ def test_honest_kernel_from_mtmc_codegen_is_accepted():
     v = verify(path("ref_softmax"), path("honest_softmax"), device="cpu", timeout_s=TIMEOUT_S)
     assert v["accepted"], format_verdict(v)
     assert "softmax_kernel" in next(c for c in v["checks"] if c["name"] == "own_kernels")["detail"]
+    # where its seconds went: every job of both sessions, in call order, the reference's opening first
+    kinds = [k for k, _ in v["phases"]]
+    assert kinds == ["reference_open", "reference_state", "candidate_open"] + \
+        ["reference_variant", "candidate_trial", "reference_judge"] * len(v["variants"])
+    assert all(s >= 0 for _, s in v["phases"]) and v["phases"][0][1] > 0 and v["phases"][2][1] > 0
+    line = phase_line(v["phases"])
+    assert line.startswith(f"{sum(s for _, s in v['phases']):.1f} s: reference open ")
+    assert f"candidate trial {len(v['variants'])}x " in line
+
+
+def test_phase_line_sums_each_kind_once_in_order():
+    assert phase_line([["a_b", 1.0], ["c", 2.25], ["a_b", 0.5], ["d", 0.01]]) == "3.8 s: a b 2x 1.5, c 2.2"
+    assert phase_line([]) == ""
 
 
 def test_reference_outputs_never_reach_the_candidate(verdict_of, scale_relu):

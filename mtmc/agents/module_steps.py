@@ -252,7 +252,8 @@ def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict
         write_text(path, assemble(source, captured, groups, kernels))
         check = check_in_child(str(path), ref, timeout_s, pytorch_only=not kernels)
         if announce:
-            _emit(on_event, E.ModuleCheck(status=check["status"], reason=check.get("reason", "")))
+            _emit(on_event, E.ModuleCheck(status=check["status"], reason=check.get("reason", ""),
+                                          phases=(check.get("verdict") or {}).get("phases") or []))
         return check
 
     check = write_and_check(out, _kernels(groups, outcomes))

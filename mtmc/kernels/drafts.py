@@ -135,6 +135,7 @@ def _run_split(job: dict, timeout_s: float, gpu: bool, pool) -> dict:
     else:
         merged["passed"] = True
     return {"status": "ok", "kind": "verify", "result": merged,
+            "seconds": {"compile": round(comp.get("wall_s", 0.0), 2), check_kind: round(chk.get("wall_s", 0.0), 2)},
             "stderr_tail": (comp.get("stderr_tail") or "") + (chk.get("stderr_tail") or "")}
 
 
@@ -222,7 +223,7 @@ def guard_verdict(spec: KernelSpec, source: str, dims: dict, gpu: bool, timeout_
     ran = [c for c in v["checks"] if c["passed"] is not None]
     accepted = v["outcome"] == "accepted" or (v["outcome"] == "rejected" and not failed)
     return {"accepted": accepted, "outcome": v["outcome"], "failed": failed, "checks": len(ran),
-            "stderr_tail": "" if accepted else (v.get("stderr_tail") or "")[-1500:]}
+            "phases": v.get("phases") or [], "stderr_tail": "" if accepted else (v.get("stderr_tail") or "")[-1500:]}
 
 
 def _guard_failure(verdict: dict, guard: dict) -> dict:
@@ -244,6 +245,8 @@ def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareP
     job = build_job(spec, source, config, profile, gpu, baselines, compile_baseline)
     result = _run_split(job, timeout_s, gpu, drafts_pool())
     verdict = interpret(result, spec, config, profile)
+    # where the step's seconds went, the guard's added below (printed as the step's [time] line)
+    verdict["seconds"] = dict(result.get("seconds") or {})
     verdict["stderr_tail"] = (result.get("stderr_tail") or "")[-1500:] if not verdict["ok"] else ""
     if not verdict["ok"]:
         return verdict            # the cheap checks failed: the guard has nothing to add
@@ -252,8 +255,10 @@ def verify_draft(spec: KernelSpec, source: str, config: dict, profile: HardwareP
         return verdict
     guard = guard_verdict(spec, source, job["guard_dims"], gpu, timeout_s)
     guard["dims"] = job["guard_dims"]
+    verdict["seconds"]["guard"] = round(sum(s for _, s in guard["phases"]), 2)
     if not guard["accepted"]:
         failure = _guard_failure(verdict, guard)
+        failure["seconds"] = verdict["seconds"]
         failure["stderr_tail"] = guard.pop("stderr_tail")
         return failure
     guard.pop("stderr_tail")

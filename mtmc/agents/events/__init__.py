@@ -197,6 +197,7 @@ class ModuleCheck(Event):
     kind: ClassVar[str] = "module_check"
     status: str
     reason: str = ""
+    phases: list = field(default_factory=list)   # the guard's [job kind, seconds]
 
 
 @dataclass(kw_only=True)

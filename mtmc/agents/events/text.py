@@ -4,6 +4,7 @@ kernel's answer and the explainer reuse."""
 from __future__ import annotations
 
 from mtmc.agents import events as E
+from mtmc.tools.guard.report import phase_line
 
 
 def resources_line(resources: dict | None) -> str:
@@ -34,6 +35,16 @@ def verdict_line(verdict: dict) -> str:
     if t is not None:
         bits.append(f"{t:.4f} ms ({'measured' if verdict.get('measured') else 'estimate, no GPU'})")
     return "; ".join(bits)
+
+
+def seconds_lines(verdict: dict) -> list[str]:
+    """Where a step's seconds went: the draft's compile and check in parallel, then the guard's jobs."""
+    parts = verdict.get("seconds") or {}
+    if not parts:
+        return []
+    phases = (verdict.get("guard") or {}).get("phases")
+    bits = [f"{k} {v:.1f} s" for k, v in parts.items() if not (k == "guard" and phases)]
+    return ["[time]   " + ", ".join(bits + ([f"guard {phase_line(phases)}"] if phases else []))]
 
 
 def guard_line(guard: dict | None) -> str:
@@ -113,7 +124,7 @@ _RENDER = {
     E.Plan: lambda ev: [f"[plan]   {decision_line({'reason': ev.reason, 'alternatives': ev.alternatives})}"],
     E.Code: lambda ev: [f"[code]   step {ev.step}: config {ev.config}"
                         + (f" ({n} lines changed)" if (n := _changed_lines(ev.diff or "")) else "")],
-    E.Verify: lambda ev: [f"[verify] step {ev.step}: {verdict_line(ev.verdict)}"],
+    E.Verify: lambda ev: [f"[verify] step {ev.step}: {verdict_line(ev.verdict)}"] + seconds_lines(ev.verdict),
     E.Debug: lambda ev: [f"[debug]  step {ev.step}: {ev.fix or 'no fix'}: {ev.reason}"],
     E.StepDone: lambda ev: [f"         step {ev.step} -> {ev.outcome}"],
     E.Unsupported: lambda ev: [ev.message],
@@ -125,7 +136,8 @@ _RENDER = {
     E.GroupStart: lambda ev: [f"== group {ev.group}: {ev.description}"],
     E.GroupDone: lambda ev: [f"== group {ev.group}: {ev.status} ({ev.reason})"],
     E.GroupFallback: lambda ev: [f"== group {ev.group} falls back to PyTorch: {ev.reason}"],
-    E.ModuleCheck: lambda ev: [f"[module check] {ev.status}: {ev.reason}"],
+    E.ModuleCheck: lambda ev: [f"[module check] {ev.status}: {ev.reason}"]
+    + ([f"[time]   module check {phase_line(ev.phases)}"] if ev.phases else []),
     E.ModuleTime: lambda ev: [f"[module time] ours {ev.ours_ms} ms, eager {ev.eager_ms} ms, "
                               f"torch.compile {ev.compiled_ms} ms"],
 }

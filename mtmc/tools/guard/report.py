@@ -31,6 +31,19 @@ def format_verdict(v: dict) -> str:
     return "\n".join(lines)
 
 
+def phase_line(phases: list) -> str:
+    """Where a check's seconds went, from its [[job kind, seconds], ...] in call order: each kind
+    once, summed, with a count where it ran more than once (a session's first job includes its
+    start: bubblewrap, Python, torch and CUDA); kinds that took no measurable time are left out."""
+    total, count = {}, {}
+    for kind, seconds in phases:
+        total[kind] = total.get(kind, 0.0) + seconds
+        count[kind] = count.get(kind, 0) + 1
+    bits = [f"{kind.replace('_', ' ')} {f'{count[kind]}x ' if count[kind] > 1 else ''}{secs:.1f}"
+            for kind, secs in total.items() if secs >= 0.05]
+    return f"{sum(total.values()):.1f} s: " + ", ".join(bits) if bits else ""
+
+
 def as_module_check(v: dict, pytorch_only: bool = False) -> dict:
     """The verdict in the shape of the module flow's whole-module check ({"status": "passed" |
     "failed", "reason"}), so the pipeline uses the guard for that check.  pytorch_only: the

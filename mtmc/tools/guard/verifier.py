@@ -55,9 +55,11 @@ class ReferenceRun:
     timeout_s: float = DEFAULT_TIMEOUT_S
     uid: int | None = None   # the sessions' own uid on a GPU run (tools.isolation.fresh_uid)
     extra: dict = field(default_factory=dict)
+    clock: list = field(default_factory=list)   # [job kind, seconds] not yet reported in a verdict
 
     def call(self, kind: str, timeout_s: float | None = None, **job) -> dict:
         r = self.session.call({"kind": kind, **job}, timeout_s or self.timeout_s)
+        self.clock.append([kind, round(r.get("wall_s", 0.0), 2)])
         if r["status"] != "ok":
             raise ReferenceFailed(f"the reference failed: {_job_failure(r)}")
         return r["result"]
@@ -176,18 +178,21 @@ class _CandidateStopped(Exception):
         self.result = result
 
 
-def _ask(session: Session, job: dict, timeout_s: float) -> dict:
+def _ask(session: Session, job: dict, timeout_s: float, clock: list) -> dict:
     r = session.call(job, timeout_s)
+    clock.append([job["kind"], round(r.get("wall_s", 0.0), 2)])
     if r["status"] != "ok":
         raise _CandidateStopped(r)
     return r["result"]
 
 
 def _run_trials(ref: ReferenceRun, cand: Session, path: str, directory: str, timeout_s: float) -> tuple:
-    """Drive both sessions through the variants: (obs, metas, judged, timed, notes, why_unjudged)."""
+    """Drive both sessions through the variants: (obs, metas, judged, timed, notes, why_unjudged).
+    Every job's seconds go to ref.clock, in call order."""
+    clock = ref.clock
     state = ref.call("reference_state", dir=directory)
     obs = _ask(cand, {"kind": "candidate_open", "path": path, "device": ref.device, "payload": state["payload"],
-                      "dir": directory}, timeout_s)
+                      "dir": directory}, timeout_s, clock)
     metas, judged, timed, notes = [], [], None, []
     for i in range(len(ref.variants)):
         if not obs.get("loaded") or obs.get("error"):
@@ -196,7 +201,7 @@ def _run_trials(ref: ReferenceRun, cand: Session, path: str, directory: str, tim
         metas.append(meta)
         notes += meta["notes"]
         res = _ask(cand, {"kind": "candidate_trial", "index": i, "payload": meta.pop("payload"), "dir": directory,
-                          "poison_bytes": meta["out_bytes"]}, timeout_s)
+                          "poison_bytes": meta["out_bytes"]}, timeout_s, clock)
         obs = res["obs"]
         if res["payload"] is None:
             break
@@ -206,7 +211,7 @@ def _run_trials(ref: ReferenceRun, cand: Session, path: str, directory: str, tim
         except ReferenceFailed as e:  # the candidate handed back something that is no set of tensors
             return obs, metas, judged, timed, notes, f"its outputs could not be judged: {e}"
         if i == 0 and ref.device == "cuda":
-            res = _ask(cand, {"kind": "candidate_time", "dir": directory}, timeout_s)
+            res = _ask(cand, {"kind": "candidate_time", "dir": directory}, timeout_s, clock)
             obs = res["obs"]
             if res["payload"] is not None:
                 timed = ref.call("reference_judge", payload=res["payload"], limit_bytes=limit)
@@ -231,6 +236,7 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
     try:
         obs, metas, judged, timed, notes, why = _run_trials(ref, cand, path, str(directory), timeout_s)
     except ReferenceFailed as e:
+        base["phases"] = _phases(ref)
         if not ref.session.alive:   # it died while the candidate ran beside it: the candidate's doing
             return {**base, "outcome": "crashed", "accepted": False, "trials": [], "max_abs_err": None,
                     "rel_err": None, "tol_ratio": None, "timing": None,
@@ -238,6 +244,7 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
         return {**base, "outcome": "invalid reference", "accepted": False, "checks": [C.check("reference", False, str(e))],
                 "trials": [], "max_abs_err": None, "rel_err": None, "tol_ratio": None, "timing": None}
     except _CandidateStopped as stop:
+        base["phases"] = _phases(ref)
         r = stop.result
         base["stderr_tail"] = (r.get("stderr_tail") or "")[-3000:]
         if r["status"] in ("timed_out", "crashed"):
@@ -253,7 +260,15 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
         shutil.rmtree(directory, ignore_errors=True)
     base["notes"] = list(dict.fromkeys(base["notes"] + notes))
     base["stderr_tail"] = tail
+    base["phases"] = _phases(ref)
     return {**base, **judge_candidate(obs, metas, judged, timed, len(ref.variants), why)}
+
+
+def _phases(ref: ReferenceRun) -> list:
+    """The seconds of every job since the last verdict (the reference's opening included, when this
+    is its first check), as [[kind, seconds], ...]; the clock starts over."""
+    phases, ref.clock = ref.clock, []
+    return phases
 
 
 def invalid_reference(reference: str | Path, candidate: str | Path, error: Exception) -> dict:
