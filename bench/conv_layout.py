@@ -2,13 +2,17 @@
 the library-conv path of regroup, not a product path): every nn.Conv*d / nn.ConvTranspose*d of
 the KernelBench tasks in a folder, at its real input, timed as given (NCHW), in channels-last
 with input and weight already converted, and channels-last with the input's conversion and the
-output's conversion back to NCHW counted.  Precision is PyTorch's default (cuDNN TF32 on).
+output's conversion back to NCHW counted.  Precision is PyTorch's default (cuDNN TF32 on); the
+`_ieee` columns time both layouts with TF32 off, and the `_err` columns give each one's largest
+error against float64 on the first samples of the batch, relative to the largest |float64 value|
+(cuDNN chooses TF32 per shape and layout: about 1e-7 means fp32 arithmetic, 1e-4-1e-3 TF32).
 
   python -m bench.conv_layout FOLDER [--only STR ...] [--out bench/results] [--name NAME]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -36,20 +40,38 @@ def _layout(rank: int):
     return {4: torch.channels_last, 5: torch.channels_last_3d}.get(rank)
 
 
+ERROR_SAMPLES = 4   # samples of the batch the float64 comparison uses (float64 convs are slow)
+
+
+def _error(conv, x, fmt, truth) -> float:
+    import torch
+    xs = x[:ERROR_SAMPLES]
+    y = conv(xs.contiguous(memory_format=fmt) if fmt is not None else xs)
+    return float((y.double() - truth).abs().max() / truth.abs().max().clamp_min(1e-30))
+
+
 def measure(conv, x) -> dict:
     import torch
     fmt = _layout(x.dim())
     row = {"conv": repr(conv), "input": list(x.shape)}
     with torch.no_grad():
+        truth = copy.deepcopy(conv).double()(x[:ERROR_SAMPLES].double())
         row["nchw_ms"] = bench_ms(lambda: conv(x))
+        row["nchw_err"] = _error(conv, x, None, truth)
         if fmt is None:  # 1-D convs have no channels-last format
             return row
         x_cl = x.contiguous(memory_format=fmt)
         conv_cl = conv.to(memory_format=fmt)
         row["cl_ms"] = bench_ms(lambda: conv_cl(x_cl))
+        row["cl_err"] = _error(conv_cl, x, fmt, truth)
         row["cl_with_copies_ms"] = bench_ms(lambda: conv_cl(x.contiguous(memory_format=fmt)).contiguous())
         row["input_copy_ms"] = bench_ms(lambda: x.contiguous(memory_format=fmt))
-        conv.to(memory_format=torch.contiguous_format)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            row["cl_ieee_ms"] = bench_ms(lambda: conv_cl(x_cl))
+            row["cl_ieee_err"] = _error(conv_cl, x, fmt, truth)
+            conv.to(memory_format=torch.contiguous_format)
+            row["nchw_ieee_ms"] = bench_ms(lambda: conv(x))
+            row["nchw_ieee_err"] = _error(conv, x, None, truth)
     return row
 
 

@@ -5,7 +5,7 @@ host PID namespace) cannot export CUDA IPC handles, so tensors cross as files: t
 is slow and its inputs are cut.  This probe exports a CUDA tensor from a child started each way
 below and, where that works, opens it in a second child started the same way:
 
-    python -m bench.ipc_probe [--out FILE.json]
+    python -m bench.ipc_probe [--out FILE.json] [--only WORDS ...]
 
 One line per way: export ok / the error, import ok / the error.  GPU only.
 """
@@ -62,9 +62,14 @@ def _argv(role: str, way: dict, scratch: Path, shm: Path, uid: int | None) -> tu
     for path in (scratch, shm):
         isolation.give_to_sandbox(path, confine.user)
     fd = None if way.get("no_seccomp") else isolation.seccomp_fd(scratch)
+    if "bare" in way:   # bubblewrap with nothing but the namespaces named: the host's files as they are
+        bare = [isolation.bwrap_path(), "--bind", "/", "/", "--dev-bind", "/dev", "/dev", *way["bare"]]
+        return bare + ["--", *argv], None
     cmd = isolation.command(argv, scratch, confine, fd)
-    for flag in way.get("drop_flags", ()):
-        cmd.remove(flag)
+    for cut in way.get("drop_flags", ()):
+        cut = cut.split()
+        i = next(i for i in range(len(cmd)) if cmd[i:i + len(cut)] == cut)
+        del cmd[i:i + len(cut)]
     if way.get("dev_bind"):
         i = cmd.index("--dev")
         cmd[i:i + 2] = ["--dev-bind", "/dev"]
@@ -126,6 +131,21 @@ def ways() -> dict:
         out["plain, setuid, dumpable again"] = {"env": {"PROBE_SETUID": "4242", "PROBE_DUMPABLE": "1"}}
     if isolation.status().ok:
         out.update({
+            "bare bubblewrap": {"bwrap": True, "bare": []},
+            "bare bubblewrap, network namespace": {"bwrap": True, "bare": ["--unshare-net"]},
+            "bare bubblewrap, IPC namespace": {"bwrap": True, "bare": ["--unshare-ipc"]},
+            "bare bubblewrap, new /proc": {"bwrap": True, "bare": ["--proc", "/proc"]},
+            "bare bubblewrap, tmpfs /run": {"bwrap": True, "bare": ["--tmpfs", "/run"]},
+            "bare bubblewrap, new session": {"bwrap": True, "bare": ["--new-session"]},
+            "bare bubblewrap, no capabilities": {"bwrap": True, "bare": ["--cap-drop", "ALL"]},
+            "sandbox, no network namespace": {"bwrap": True, "drop_flags": ["--unshare-net"]},
+            "sandbox, no UTS/cgroup namespace": {"bwrap": True, "drop_flags": ["--unshare-uts", "--unshare-cgroup-try",
+                                                                                 "--hostname mtmc-sandbox"]},
+            "sandbox, no new session": {"bwrap": True, "drop_flags": ["--new-session"]},
+            "sandbox, host /run": {"bwrap": True, "drop_flags": ["--perms 0755 --tmpfs /run"]},
+            "sandbox, host /tmp": {"bwrap": True, "drop_flags": ["--perms 1777 --tmpfs /tmp"]},
+        })
+        out.update({
             "sandbox as the guard starts it": {"bwrap": True},
             "sandbox, dumpable again": {"bwrap": True, "env": {"PROBE_DUMPABLE": "1"}},
             "sandbox, no IPC namespace": {"bwrap": True, "drop_flags": ["--unshare-ipc"]},
@@ -141,12 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", choices=("export", "import"), help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path)
+    p.add_argument("--only", nargs="*", help="only the ways whose name contains one of these")
     args = p.parse_args(argv)
     if args.child:
         _child(args.child)
         return 0
     results = []
     for name, way in ways().items():
+        if args.only and not any(s in name for s in args.only):
+            continue
         try:
             results.append(try_way(name, way))
         except Exception as e:   # one way failing to start must not hide the others

@@ -45,3 +45,21 @@ def test_conv_layout_finds_every_conv_the_forward_calls_with_its_input():
     seen = _conv_inputs(net, [x, y])
     assert [(m, tuple(t.shape)) for m, t in seen] == [(net.a, (2, 3, 8, 8)), (net.b, (1, 2, 4, 4, 4))]
     assert _layout(4) is torch.channels_last and _layout(5) is torch.channels_last_3d and _layout(3) is None
+
+
+def test_conv_layout_errors_tell_fp32_arithmetic_from_tf32(monkeypatch):
+    """Each layout's error against float64 is measured on the conv itself: fp32 arithmetic (the CPU
+    here) gives about 1e-7 of the largest value; a conv rounding its inputs to TF32 (emulated on
+    the weights below) gives about 1e-4, which is what tells cuDNN's TF32 choice apart on a GPU."""
+    import torch
+
+    import bench.conv_layout as cl
+    monkeypatch.setattr(cl, "bench_ms", lambda fn: (fn(), 1.0)[1])   # no GPU timer here; the convs still run
+    conv, x = torch.nn.Conv2d(16, 8, 3), torch.randn(6, 16, 12, 12)
+    row = cl.measure(conv, x)
+    for col in ("nchw_err", "cl_err", "cl_ieee_err", "nchw_ieee_err"):
+        assert 0 < row[col] < 1e-6, row
+    with torch.no_grad():   # weights rounded to TF32's 10-bit mantissa: an error the columns must show
+        truth = cl.copy.deepcopy(conv).double()(x[:cl.ERROR_SAMPLES].double())
+        conv.weight.copy_((conv.weight.view(torch.int32) & ~0x1FFF).view(torch.float32))
+        assert 1e-5 < cl._error(conv, x, None, truth) < 1e-2

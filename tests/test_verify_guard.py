@@ -424,3 +424,27 @@ def test_the_batch_is_cut_only_where_cuda_tensors_must_cross_as_files():
     assert staged_cap("cuda", None, lambda: True) is None            # IPC handles: full size, no files
     assert staged_cap("cuda", None, lambda: False) == STAGED_MAX_ELEMS
     assert staged_cap("cuda", 1000, lambda: False) == 1000           # a smaller cap asked for stays
+
+
+def test_the_next_candidate_session_starts_before_its_check(tmp_path):
+    """With the candidates' folder named, the first candidate session starts beside the reference's
+    opening and (keep_spare) the next one after each check; a candidate elsewhere gets a session of
+    its own.  Every verdict is the same as with fresh sessions: a cheat is still caught."""
+    with run_reference(path("ref_scale_relu"), "cpu", TIMEOUT_S, candidates_in=CHEATS) as ref:
+        first = ref.spare
+        assert first is not None and first.session.alive and first.folder == str(CHEATS.resolve())
+        v = check_candidate(ref, path("honest_scale_relu"), TIMEOUT_S)
+        assert v["accepted"], format_verdict(v)
+        assert ref.spare is None and not first.session.alive and not first.directory.exists()
+        ref.keep_spare = True
+        v = check_candidate(ref, path("cheat_returns_input"), TIMEOUT_S)
+        assert not v["accepted"] and "correctness" in failed(v)
+        nxt = ref.spare
+        assert nxt is not None and nxt.session.alive
+        tmp_path.chmod(0o755)   # the sandbox user reads it in place, with the kernels it imports
+        for name in ("honest_scale_relu", "_kernels"):
+            (tmp_path / f"{name}.py").write_text(Path(path(name)).read_text())
+        v = check_candidate(ref, str(tmp_path / "honest_scale_relu.py"), TIMEOUT_S)   # not in the spare's folder
+        assert not nxt.session.alive and ref.spare is not nxt
+        assert v["accepted"], format_verdict(v)
+    assert ref.spare is None or not ref.spare.session.alive

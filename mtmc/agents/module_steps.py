@@ -171,14 +171,15 @@ def _kernels(groups: list[Group], outcomes: dict[int, dict], only: set[int] | No
 INTERPRETER_MAX_ELEMS = 1 << 20  # per input tensor in the interpreter's check: cut along the batch above
 
 
-def reference_run(upload: str, gpu: bool, timeout_s: float) -> ReferenceRun | dict:
+def reference_run(upload: str, gpu: bool, timeout_s: float, candidates_in: Path | None = None) -> ReferenceRun | dict:
     """The trusted run of the upload's Model that every ModelNew version is checked against
-    (guard.run_reference, once per upload), or the check's result when none can be made."""
+    (guard.run_reference, once per upload), or the check's result when none can be made;
+    candidates_in: the folder ModelNew is written to (its check's session starts meanwhile)."""
     if gpu:   # the groups' idle guard references hold full-size tensors on the GPU
         close_idle_references("cuda")
     try:
         return run_reference(upload, "cuda" if gpu else "cpu", timeout_s, None if gpu else MEMORY_MB,
-                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS)
+                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS, candidates_in=candidates_in)
     except ReferenceFailed as e:  # capture ran Model, so this is randomness or size, not a broken upload
         return {"status": "skipped", "reason": f"the whole module cannot be checked: {e}; each group's kernel "
                 "was checked on its own"}
@@ -229,7 +230,8 @@ def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes:
         check = {"status": "passed", "reason": NOTHING_TO_CHECK, "verdict": None, "model_own_code": True}
         _emit(on_event, E.ModuleCheck(status=check["status"], reason=check["reason"]))
         return check
-    ref = reference_run(upload, gpu, timeout_s)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ref = reference_run(upload, gpu, timeout_s, out.parent)
     try:
         source = Path(upload).read_text()
         check = _check_until_it_passes(source, ref, captured, groups, outcomes, out, timeout_s, on_event)

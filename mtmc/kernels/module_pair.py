@@ -108,7 +108,10 @@ class PairChecker:
         self._lock, self._n = threading.Lock(), itertools.count()
         self.lent = 0             # checks under way or about to start (kernels.drafts lends it)
         try:
-            self.ref, self.error = run_reference(self.reference, device, timeout_s), None
+            self.ref, self.error = run_reference(self.reference, device, timeout_s, candidates_in=self.dir), None
+            # a draft's steps check many kernels against it: on a GPU the next candidate session
+            # starts while the planner and coder work (on the CPU it would take a core from them)
+            self.ref.keep_spare = device == "cuda"
         except ReferenceFailed as e:
             self.ref, self.error = None, e
 

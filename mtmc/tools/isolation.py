@@ -246,6 +246,14 @@ def _read_only(path: str, scratch: Path) -> list[str]:
     return ["--ro-bind", path if _readable_by_others(path) else _stage(path, scratch), path]
 
 
+def readable_in_place(path: str | Path) -> bool:
+    """Whether a child that sees a folder read-only can read `path` (a file or folder) there: the
+    sandbox user may read it and its folder (always, when the child keeps our own uid)."""
+    path = os.path.realpath(path)
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    return os.path.exists(path) and (not _drops_user() or (_readable_by_others(folder) and _readable_by_others(path)))
+
+
 def _etc(scratch: Path, user: int) -> list[str]:
     """A minimal /etc: the loader's cache and a passwd/group that know the sandbox user."""
     etc = scratch / ".etc"

@@ -2,6 +2,7 @@
 
   ref = run_reference(REFERENCE.py)       # session 1: Model built on the device, kept there; it
                                           # draws fresh inputs per variant and judges outputs
+                                          # (session 2 starts beside it, empty: see _Spare)
   verdict = check_candidate(ref, CANDIDATE.py)   # session 2: ModelNew on its own copies of the inputs
   ref.close()
   verify(REFERENCE.py, CANDIDATE.py)      # both: what `mtmc verify` calls
@@ -19,6 +20,7 @@ output), timing (GPU only), notes and the candidate's stderr tail.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtmc.tools.guard import checks as C
-from mtmc.tools.isolation import SANDBOX_UID, Confinement, fresh_uid, give_to_sandbox, kill_uid
+from mtmc.tools.isolation import SANDBOX_UID, Confinement, fresh_uid, give_to_sandbox, kill_uid, readable_in_place
 from mtmc.tools.worker import Session
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -36,6 +38,26 @@ EXCHANGE_SLACK_BYTES = 64 << 20  # a candidate's shared-outputs file may exceed 
 _FATAL_TYPES = ("MemoryError", "AcceleratorError")
 _FATAL_MESSAGE = re.compile(r"illegal memory access|CUDA error|unspecified launch failure|out of memory|"
                             r"can't allocate memory", re.I)
+
+
+@dataclass
+class _Spare:
+    """A candidate session started before its candidate is written, so that its start (bubblewrap,
+    Python, torch, CUDA: 4-5 s on a GPU machine) overlaps the reference's opening or the work
+    between two checks.  It sees `folder` read-only (where the caller writes its candidates: a
+    candidate may import its siblings there) and `directory`, the check's exchange directory."""
+    session: Session
+    folder: str
+    directory: Path
+    memory_mb: int | None
+
+    def fits(self, path: str, memory_mb: int | None) -> bool:
+        return (self.session.alive and self.memory_mb == memory_mb and os.path.dirname(path) == self.folder
+                and readable_in_place(path))
+
+    def discard(self) -> None:
+        self.session.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class ReferenceFailed(RuntimeError):
@@ -56,6 +78,9 @@ class ReferenceRun:
     uid: int | None = None   # the sessions' own uid on a GPU run (tools.isolation.fresh_uid)
     extra: dict = field(default_factory=dict)
     clock: list = field(default_factory=list)   # [job kind, seconds] not yet reported in a verdict
+    candidates_in: str | None = None   # the folder its candidates will be in, when the caller knows it
+    spare: _Spare | None = None   # the next check's candidate session, already starting (see _Spare)
+    keep_spare: bool = False      # start the next one after each check (a reference checked many times)
 
     def call(self, kind: str, timeout_s: float | None = None, **job) -> dict:
         r = self.session.call({"kind": kind, **job}, timeout_s or self.timeout_s)
@@ -65,6 +90,9 @@ class ReferenceRun:
         return r["result"]
 
     def close(self) -> None:
+        if self.spare is not None:
+            self.spare.discard()
+            self.spare = None
         self.session.close()
         kill_uid(self.uid)   # anything a candidate left running under the check's uid
         shutil.rmtree(self.exchange, ignore_errors=True)
@@ -101,9 +129,12 @@ def _confinement(path: str, shared: Path, exchange: Path, device: str, uid: int 
 
 
 def run_reference(path: str | Path, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  memory_mb: int | None = DEFAULT_MEMORY_MB, max_elems: int | None = None) -> ReferenceRun:
+                  memory_mb: int | None = DEFAULT_MEMORY_MB, max_elems: int | None = None,
+                  candidates_in: str | Path | None = None) -> ReferenceRun:
     """Model in a sandboxed session, ready to check candidates against; max_elems cuts the
-    inputs along dim 0 (for Triton's interpreter) where Model accepts the smaller batch."""
+    inputs along dim 0 (for Triton's interpreter) where Model accepts the smaller batch.
+    candidates_in: the folder the candidates will be written to; the first candidate's session
+    then starts beside the reference's (check_candidate's memory_mb must be this memory_mb)."""
     device = device or default_device()
     path = str(Path(path).resolve())
     exchange = Path(tempfile.mkdtemp(prefix="mtmc-guard-"))
@@ -114,10 +145,12 @@ def run_reference(path: str | Path, device: str | None = None, timeout_s: float 
     except BaseException:
         shutil.rmtree(exchange, ignore_errors=True)
         raise
-    ref = ReferenceRun(path, device, session, exchange, [], [], timeout_s=timeout_s, uid=uid)
+    ref = ReferenceRun(path, device, session, exchange, [], [], timeout_s=timeout_s, uid=uid,
+                       candidates_in=os.path.realpath(candidates_in) if candidates_in else None)
     try:
+        ref.spare = _start_spare(ref, None if device == "cuda" else memory_mb)
         opened = ref.call("reference_open", path=path, device=device, time=device == "cuda", max_elems=max_elems)
-    except ReferenceFailed:
+    except BaseException:
         ref.close()
         raise
     ref.variants, ref.notes, ref.mode = opened["variants"], opened["notes"], opened["mode"]
@@ -218,18 +251,42 @@ def _run_trials(ref: ReferenceRun, cand: Session, path: str, directory: str, tim
     return obs, metas, judged, timed, notes, ""
 
 
-def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    memory_mb: int | None = DEFAULT_MEMORY_MB) -> dict:
-    path = str(Path(path).resolve())
+def _start_spare(ref: ReferenceRun, memory_mb: int | None) -> _Spare | None:
+    """A candidate session for the next check of `ref`, starting now (see _Spare); None where the
+    candidates' folder is not known or the sandbox user could not read it in place."""
+    if ref.candidates_in is None or not readable_in_place(ref.candidates_in):
+        return None
+    return _session(ref, memory_mb, ref.candidates_in)
+
+
+def _session(ref: ReferenceRun, memory_mb: int | None, sees: str) -> _Spare:
+    """A candidate session that sees `sees` read-only, with a fresh exchange directory."""
     directory = Path(tempfile.mkdtemp(prefix="check-", dir=ref.exchange))
     give_to_sandbox(directory, ref.uid or SANDBOX_UID)   # the reference session writes its inputs there too
     try:
-        cand = Session(interpret=ref.device == "cpu", memory_mb=None if ref.device == "cuda" else memory_mb,
-                       name="guard-candidate",
-                       confine=_confinement(path, directory, ref.exchange, ref.device, ref.uid))
+        session = Session(interpret=ref.device == "cpu", memory_mb=memory_mb, name="guard-candidate",
+                          confine=_confinement(sees, directory, ref.exchange, ref.device, ref.uid))
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
+    return _Spare(session, sees, directory, memory_mb)
+
+
+def _candidate_session(ref: ReferenceRun, path: str, memory_mb: int | None) -> _Spare:
+    """The started spare where it fits this candidate, else a session started now."""
+    spare, ref.spare = ref.spare, None
+    if spare is not None and spare.fits(path, memory_mb):
+        return spare
+    if spare is not None:
+        spare.discard()
+    return _session(ref, memory_mb, path)
+
+
+def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    memory_mb: int | None = DEFAULT_MEMORY_MB) -> dict:
+    path = str(Path(path).resolve())
+    spare = _candidate_session(ref, path, None if ref.device == "cuda" else memory_mb)
+    cand, directory = spare.session, spare.directory
     base = {"reference": ref.path, "candidate": path, "device": ref.device,
             "mode": "GPU" if ref.device == "cuda" else "Triton interpreter on CPU tensors",
             "variants": ref.variants, "notes": list(ref.notes)}
@@ -256,8 +313,9 @@ def check_candidate(ref: ReferenceRun, path: str | Path, timeout_s: float = DEFA
         return {**base, **judge_candidate(obs, [], [], None, len(ref.variants))}
     finally:
         tail = cand.stderr_tail()
-        cand.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        spare.discard()
+        if ref.keep_spare and ref.session.alive:
+            ref.spare = _start_spare(ref, spare.memory_mb)
     base["notes"] = list(dict.fromkeys(base["notes"] + notes))
     base["stderr_tail"] = tail
     base["phases"] = _phases(ref)
