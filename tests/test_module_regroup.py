@@ -7,15 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from mtmc.agents import module_flow, module_steps
 from mtmc.agents.context import Context
-from mtmc.module.assemble import assemble
 from mtmc.module.capture import capture
 from mtmc.module.fusion import Group, Partition, partition
-from mtmc.tools.loader import load_file
-from kernel_helpers import template_kernels
 from test_module_conv import assert_model_new_matches
 
 MODULES = Path(__file__).parent / "modules"
@@ -165,29 +161,3 @@ def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, 
     part = partition(new, library={"": {"conv": "kept in cuDNN"}})
     assert [g.family for g in part.groups] == ["elementwise"]
     assert_model_new_matches(tmp_path, path.read_text(), new, part)
-
-
-def test_an_fp32_island_runs_its_conv_without_tf32_and_restores_the_setting(tmp_path):
-    """cuDNN chose a TF32 algorithm for L2 57's conv channels-last but not as given (H100,
-    2026-12-06: 40 % of the outputs outside the guard's fp32 tolerance), so an fp32 island's forward
-    turns cuDNN's TF32 off for its own call and puts the user's setting back, even after an error."""
-    state = {**planned("conv_bias_act.py"), "gpu": True}
-    state["outcomes"] = lost(state, "conv")
-    out = module_flow.regroup(state)
-    assert out["captured"]["graphs"][0]["cudnn_fp32"] is True
-    groups = [Group.from_dict(g) for g in out["groups"]]
-    path = tmp_path / "new_model.py"
-    path.write_text(assemble((MODULES / "conv_bias_act.py").read_text(), out["captured"], groups,
-                             template_kernels(groups)))
-    m = load_file(path, "island_fp32")
-    torch.manual_seed(0)
-    model, new = m.Model(*m.get_init_inputs()), m.ModelNew(*m.get_init_inputs())
-    new.load_state_dict(model.state_dict())
-    seen = []
-    new.conv.register_forward_pre_hook(lambda mod, args: seen.append(torch.backends.cudnn.allow_tf32))
-    before, inputs = torch.backends.cudnn.allow_tf32, m.get_inputs()
-    with torch.no_grad():
-        torch.testing.assert_close(new(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
-        with pytest.raises(RuntimeError):
-            new(torch.randn(2, 5, 8, 8))   # the wrong channel count: the conv raises inside
-    assert seen == [False, False] and torch.backends.cudnn.allow_tf32 == before

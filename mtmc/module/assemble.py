@@ -333,10 +333,6 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
         src, used = forward_source(graph, fn)
         for name, obj in used.items():
             used_globals.setdefault(name, obj)
-        if desc.get("cudnn_fp32"):   # the graph's forward runs under cuDNN without TF32 (graph_stage.layout)
-            inner = f"_mtmc_fp32_{_ident(path) or 'forward'}"
-            forwards.append(src.replace(f"def {fn}(", f"def {inner}(", 1))
-            src = _fp32_forward(fn, inner)
         if path:
             forwards.append(src)
             bound.append((path, fn))
@@ -345,17 +341,6 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
     parts += ["\n".join(_global_lines(used_globals, stand_ins, wrapper_names)), *forwards]
     parts.append(_model_new(root_forward, bound, len(chosen)))
     return "\n\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
-
-
-def _fp32_forward(fn: str, inner: str) -> str:
-    return (f"def {fn}(self, *args, **kwargs):\n"
-            '    """cuDNN picks TF32 for some fp32 convs channels-last where it does not as given: not here."""\n'
-            "    prev = torch.backends.cudnn.allow_tf32\n"
-            "    torch.backends.cudnn.allow_tf32 = False\n"
-            "    try:\n"
-            f"        return {inner}(self, *args, **kwargs)\n"
-            "    finally:\n"
-            "        torch.backends.cudnn.allow_tf32 = prev\n")
 
 
 def _model_new(root_forward: str | None, bound: list[tuple[str, str]], n_kernels: int) -> str:

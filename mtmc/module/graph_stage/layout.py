@@ -15,11 +15,6 @@ Legal only where the tail is pointwise (its other operands numbers, per-channel 
 values) and its result is a graph output: a later group of ours reads its input contiguous, so it
 would copy the tensor back, and the conversion would not pay.  The result has Model's shape and
 values in channels-last strides.
-
-For fp32 the graph's forward runs with cuDNN's TF32 off ("cudnn_fp32", written by module.assemble):
-cuDNN picks a TF32 algorithm for some convs channels-last where it picks fp32 arithmetic as given
-(L2 57 on the H100: 40 % of the outputs outside the guard's fp32 tolerance), and the island must
-be as exact as Model.
 """
 from __future__ import annotations
 
@@ -132,4 +127,4 @@ def channels_last(desc: dict, conv: str) -> Candidate:
                      "output, so nothing converts it back", ops=ops,
                      result="the conv on a channels-last copy of its input, the tail over [N, *spatial, C] with "
                             "per-channel operands as [C] vectors, the result in channels-last strides",
-                     dtype=dtype, apply={**ed.desc, "cudnn_fp32": True} if dtype == "float32" else ed.desc)
+                     dtype=dtype, apply=ed.desc)
