@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from bench.record import run_meta, save_rows
+from mtmc.tools.layout_probe import ERROR_SAMPLES, formats as _layout, relative_error as _error
 from mtmc.tools.timing import bench_ms
 
 
@@ -33,21 +34,6 @@ def _conv_inputs(model, inputs):
     for h in hooks:
         h.remove()
     return seen
-
-
-def _layout(rank: int):
-    import torch
-    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(rank)
-
-
-ERROR_SAMPLES = 4   # samples of the batch the float64 comparison uses (float64 convs are slow)
-
-
-def _error(conv, x, fmt, truth) -> float:
-    import torch
-    xs = x[:ERROR_SAMPLES]
-    y = conv(xs.contiguous(memory_format=fmt) if fmt is not None else xs)
-    return float((y.double() - truth).abs().max() / truth.abs().max().clamp_min(1e-30))
 
 
 def measure(conv, x) -> dict:

@@ -103,18 +103,27 @@ def test_the_module_flow_splits_a_lost_conv_and_the_guard_passes_it(tmp_path, mo
     assert "library kernel" in (tmp_path / "report.md").read_text()
 
 
-def test_on_a_gpu_the_library_conv_runs_channels_last_with_its_tail_reading_that_layout(tmp_path):
-    """cuDNN's channels-last convs were 1.1-2.8x faster on every level-2 dev conv (H100,
-    2026-12-06); the tail then reads [N, H, W, C] with the per-channel bias as a [C] vector, and
-    the result keeps channels-last strides (nothing converts it back)."""
+# L2 1's and L2 57's convs as tools.layout_probe measured them on the H100 (2026-12-06)
+PAYS = {"nchw_ms": 2.803, "cl_ms": 2.296, "nchw_err": 3.1e-4, "cl_err": 3.1e-4, "gpu": "NVIDIA H100 80GB HBM3"}
+TF32_ONLY_CHANNELS_LAST = {"nchw_ms": 1.099, "cl_ms": 0.879, "nchw_err": 4.6e-7, "cl_err": 3.0e-4, "gpu": "H100"}
+
+
+def test_on_a_gpu_the_library_conv_runs_channels_last_with_its_tail_reading_that_layout(tmp_path, monkeypatch):
+    """Where cuDNN runs the conv faster channels-last at the same precision (measured on this GPU:
+    tools.layout_probe), the tail then reads [N, H, W, C] with the per-channel bias as a [C]
+    vector, and the result keeps channels-last strides (nothing converts it back)."""
+    probed = []
+    monkeypatch.setattr(module_steps, "measure_layout", lambda desc, conv: probed.append(conv) or PAYS)
     state = {**planned("conv_bias_act.py"), "gpu": True}
     state["outcomes"] = lost(state, "conv")
     out = module_flow.regroup(state)
+    assert probed == ["conv"]
     (tail,) = [Group.from_dict(g) for g in out["groups"]]
     assert tail.family == "elementwise" and tail.spec["dims"] == {"M": 2 * 8 * 8, "N": 8}   # rows of C
     assert tail.spec["params"]["chain"][0] == {"op": "bias"}
     (applied,) = out["rewrites"]["applied"]
-    assert applied["rule"] == "channels_last" and "2026-12-06-conv-layout-h100" in applied["reason"]
+    assert applied["rule"] == "channels_last" and applied["measured"] == PAYS
+    assert applied["reason"].startswith("cuDNN runs this conv 1.22x faster channels-last at the same precision")
     targets = [(n["target"], n["kwargs"]) for n in out["captured"]["graphs"][0]["nodes"]]
     assert ("contiguous", {"dict": {"memory_format": {"torch": "channels_last"}}}) in targets
     assert out["original_graphs"] == state["captured"]["graphs"]   # the guard's fallback
@@ -161,3 +170,35 @@ def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, 
     part = partition(new, library={"": {"conv": "kept in cuDNN"}})
     assert [g.family for g in part.groups] == ["elementwise"]
     assert_model_new_matches(tmp_path, path.read_text(), new, part)
+
+
+@pytest.mark.parametrize("measured, why", [
+    (TF32_ONLY_CHANNELS_LAST, "cuDNN rounds this conv to TF32 channels-last but not as given"),
+    ({**PAYS, "cl_ms": 2.70}, "cuDNN is not faster channels-last here"),
+    ({"error": "the layout probe failed: timed_out"}, "not measured: the layout probe failed"),
+], ids=["tf32-only-channels-last", "not-faster", "probe-failed"])
+def test_the_island_is_refused_where_the_measurement_says_it_does_not_pay(monkeypatch, measured, why):
+    """L2 57 on the H100: cuDNN ran its conv in fp32 as given and TF32 channels-last, and the island
+    failed the guard's fp32 tolerance; measured, it is refused before any kernel is built for it."""
+    monkeypatch.setattr(module_steps, "measure_layout", lambda desc, conv: measured)
+    state = {**planned("conv_bias_act.py"), "gpu": True}
+    state["outcomes"] = lost(state, "conv")
+    out = module_flow.regroup(state)
+    (refused,) = [r for r in out["rewrites"]["refused"] if r["rule"] == "channels_last"]
+    assert refused["reason"].startswith(why) and refused["measured"] == measured
+    assert not out["rewrites"]["applied"] and "original_graphs" not in out and "captured" not in out
+
+
+def test_the_layout_probe_builds_the_captured_conv():
+    """The probe rebuilds a module conv from its captured attributes (its own random weights: no
+    user code runs in it); on a GPU it times and measures it, here it must give the same shapes."""
+    import torch
+
+    from mtmc.tools.layout_probe import build, job_of
+    cap = capture(str(MODULES / "conv_bias_act.py"))
+    job = job_of(cap["graphs"][0], "conv")
+    assert job["kind"] == "layout_probe" and job["input"] == [2, 3, 10, 10] and job["bias"] is False
+    conv, x = build(job, "cpu")
+    assert isinstance(conv, torch.nn.Conv2d) and conv.bias is None
+    conv_node = next(n for n in cap["graphs"][0]["nodes"] if n["name"] == "conv")
+    assert list(conv(x).shape) == conv_node["value"]["tensor"]["shape"]

@@ -236,7 +236,8 @@ def regroup(state: ModuleState) -> dict:
 
 def _library_layout(state: ModuleState, kept: list[Group]) -> dict:
     """On a GPU, each conv left to cuDNN runs channels-last with its pointwise tail reading that
-    layout (graph_stage.layout: cuDNN's channels-last convs measured faster); recorded with the
+    layout where that is legal (graph_stage.layout) and, measured on this GPU, faster at the same
+    precision (tools.layout_probe, layout.judge); recorded with the
     graph stage's rewrites, applied or refused with the reason.  The state's update: captured
     (and original_graphs, for the guard's fallback) when a graph changed, rewrites."""
     if not state.get("gpu"):
@@ -248,11 +249,17 @@ def _library_layout(state: ModuleState, kept: list[Group]) -> dict:
         if conv is None:
             continue
         c = layout.channels_last(graphs[g.graph], conv)
-        if c.legal:
-            graphs[g.graph] = {**c.apply, "rewritten": True}
-            applied.append({**c.to_dict(), "status": "applied", "measured": None})
-        else:
+        if not c.legal:
             refused.append({**c.to_dict(), "status": "refused"})
+            continue
+        measured = steps.measure_layout(graphs[g.graph], conv)   # a macro action decided by measurement
+        pays, why = layout.judge(measured)
+        record = {**c.to_dict(), "measured": measured}
+        if pays:
+            graphs[g.graph] = {**c.apply, "rewritten": True}
+            applied.append({**record, "status": "applied", "reason": why})
+        else:
+            refused.append({**record, "status": "refused", "legal": False, "reason": why})
     if not (applied or refused):
         return {}
     emit(E.Rewritten(applied=[_rewrite_line(a) for a in applied], refused=[_rewrite_line(r) for r in refused]))

@@ -33,6 +33,7 @@ from mtmc.module.module_file import ModuleFileError, check_file
 from mtmc.tools.guard.report import as_module_check
 from mtmc.tools.guard.verifier import ReferenceFailed, ReferenceRun, check_candidate, run_reference
 from mtmc.tools.isolation import Confinement, IsolationUnavailable
+from mtmc.tools.layout_probe import job_of as layout_job
 from mtmc.tools.machine import capture_memory_mb, gib, gpu_memory
 from mtmc.tools.worker import run_job
 
@@ -169,6 +170,23 @@ def _kernels(groups: list[Group], outcomes: dict[int, dict], only: set[int] | No
 
 
 INTERPRETER_MAX_ELEMS = 1 << 20  # per input tensor in the interpreter's check: cut along the batch above
+
+
+LAYOUT_PROBE_TIMEOUT_S = 120.0
+
+
+def measure_layout(desc: dict, conv: str) -> dict:
+    """Conv node `conv` of a captured graph timed as given and channels-last on this GPU, each
+    with its error against float64 (tools.layout_probe; our own code with random weights, in a
+    child); {"error": why} where it cannot be measured."""
+    job = layout_job(desc, conv)
+    if job is None:
+        return {"error": "a functional conv: its layout is not measured"}
+    r = run_job(job, LAYOUT_PROBE_TIMEOUT_S, untrusted=False)
+    if r["status"] != "ok":
+        return {"error": f"the layout probe failed: {r.get('error_type') or r['status']}: "
+                         f"{(r.get('message') or r.get('detail') or '')[:200]}"}
+    return r["result"]
 
 
 def reference_run(upload: str, gpu: bool, timeout_s: float, candidates_in: Path | None = None) -> ReferenceRun | dict:

@@ -26,8 +26,27 @@ from mtmc.module.graph_stage.edit import Editor, numel, tensor_value
 from mtmc.module.graph_stage.records import Candidate
 
 RULE = "channels_last"
+MARGIN = 0.95          # channels-last (with the input's conversion) must be at least 5 % faster
+ERROR_SLACK = 4.0      # ... and its error against float64 within this factor of the error as given
 MEASURED = "bench/results/2026-12-06-conv-layout-h100.json"
 FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def judge(measured: dict) -> tuple[bool, str]:
+    """Whether a measured island pays (tools.layout_probe's numbers), and why in words: it must be
+    faster and as exact as cuDNN as given.  cuDNN picks TF32 or fp32 arithmetic per shape and
+    layout; on the H100, 13 of 33 level-2 dev convs ran fp32 as given and TF32 channels-last,
+    which the guard's fp32 tolerance refuses (the as-given error sets that tolerance)."""
+    if "error" in measured:
+        return False, f"not measured: {measured['error']}"
+    nchw, cl, e0, e1 = measured["nchw_ms"], measured["cl_ms"], measured["nchw_err"], measured["cl_err"]
+    numbers = (f"as given {nchw:.3f} ms (error {e0:.1e} of the largest value), channels-last with the "
+               f"input's conversion {cl:.3f} ms (error {e1:.1e}), measured on {measured.get('gpu', 'this GPU')}")
+    if e1 > ERROR_SLACK * e0 + 1e-6:
+        return False, f"cuDNN rounds this conv to TF32 channels-last but not as given: {numbers}"
+    if not cl < MARGIN * nchw:
+        return False, f"cuDNN is not faster channels-last here: {numbers}"
+    return True, f"cuDNN runs this conv {nchw / cl:.2f}x faster channels-last at the same precision: {numbers}"
 
 
 def conv_of(desc: dict, nodes: list[str]) -> str | None:
