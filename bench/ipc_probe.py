@@ -66,6 +66,12 @@ def _argv(role: str, way: dict, scratch: Path, shm: Path, uid: int | None) -> tu
         bare = [isolation.bwrap_path(), "--bind", "/", "/", "--dev-bind", "/dev", "/dev", *way["bare"]]
         return bare + ["--", *argv], None
     cmd = isolation.command(argv, scratch, confine, fd)
+    if way.get("no_drop"):
+        i = cmd.index(isolation.DROP_ENV) - 1
+        del cmd[i:i + 3]
+    if way.get("host_shm"):
+        i = cmd.index("/dev/shm") - 2
+        del cmd[i:i + 3]
     for cut in way.get("drop_flags", ()):
         cut = cut.split()
         i = next(i for i in range(len(cmd)) if cmd[i:i + len(cut)] == cut)
@@ -144,6 +150,10 @@ def ways() -> dict:
             "sandbox, no new session": {"bwrap": True, "drop_flags": ["--new-session"]},
             "sandbox, host /run": {"bwrap": True, "drop_flags": ["--perms 0755 --tmpfs /run"]},
             "sandbox, host /tmp": {"bwrap": True, "drop_flags": ["--perms 1777 --tmpfs /tmp"]},
+            "sandbox, host /dev/shm": {"bwrap": True, "host_shm": True},
+            "sandbox, no drop to a uid (root without capabilities)": {
+                "bwrap": True, "no_drop": True},
+            "bare bubblewrap, setuid": {"bwrap": True, "bare": [], "env": {"PROBE_SETUID": "4242"}},
         })
         out.update({
             "sandbox as the guard starts it": {"bwrap": True},

@@ -225,7 +225,7 @@ def _tee_timed(stream, log, start: float, timeline: list) -> None:
         log.flush()
         line = raw.decode("utf-8", "replace").strip()
         if line.startswith(("[", "==", "isolation", "memory:")):
-            timeline.append([round(time.monotonic() - start, 1), line[:240 if line.startswith("[time]") else 90]])
+            timeline.append([round(time.monotonic() - start, 1), line[:400 if line.startswith("[time]") else 90]])
 
 
 def group_outcomes(log_path: Path) -> list[str]:

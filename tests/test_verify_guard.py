@@ -121,7 +121,7 @@ def test_honest_kernel_from_mtmc_codegen_is_accepted():
 
 
 def test_phase_line_sums_each_kind_once_in_order():
-    assert phase_line([["a_b", 1.0], ["c", 2.25], ["a_b", 0.5], ["d", 0.01]]) == "3.8 s: a b 2x 1.5, c 2.2"
+    assert phase_line([["a_b", 1.0], ["c", 2.25], ["a_b", 0.5], ["d", 0.01]]) == "3.8 s: a b 2x 1.5 (1.0+0.5), c 2.2"
     assert phase_line([]) == ""
 
 

@@ -33,15 +33,16 @@ def format_verdict(v: dict) -> str:
 
 def phase_line(phases: list) -> str:
     """Where a check's seconds went, from its [[job kind, seconds], ...] in call order: each kind
-    once, summed, with a count where it ran more than once (a session's first job includes its
-    start: bubblewrap, Python, torch and CUDA); kinds that took no measurable time are left out."""
-    total, count = {}, {}
+    once, summed, with a count and each call's seconds where it ran more than once (a session's
+    first job includes its start: bubblewrap, Python, torch and CUDA); kinds that took no
+    measurable time are left out."""
+    each: dict[str, list[float]] = {}
     for kind, seconds in phases:
-        total[kind] = total.get(kind, 0.0) + seconds
-        count[kind] = count.get(kind, 0) + 1
-    bits = [f"{kind.replace('_', ' ')} {f'{count[kind]}x ' if count[kind] > 1 else ''}{secs:.1f}"
-            for kind, secs in total.items() if secs >= 0.05]
-    return f"{sum(total.values()):.1f} s: " + ", ".join(bits) if bits else ""
+        each.setdefault(kind, []).append(seconds)
+    bits = [f"{kind.replace('_', ' ')} " + (f"{len(s)}x {sum(s):.1f} ({'+'.join(f'{x:.1f}' for x in s)})" if len(s) > 1
+                                           else f"{s[0]:.1f}")
+            for kind, s in each.items() if sum(s) >= 0.05]
+    return f"{sum(map(sum, each.values())):.1f} s: " + ", ".join(bits) if bits else ""
 
 
 def as_module_check(v: dict, pytorch_only: bool = False) -> dict:
