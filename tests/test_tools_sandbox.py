@@ -247,3 +247,12 @@ def test_a_session_outlives_the_thread_that_started_it():
     with made[0] as s:
         time.sleep(1.0)
         assert s.call({"kind": "ping"}, 30)["status"] == "ok" and s.alive
+
+
+def test_a_warm_session_has_torch_loaded_before_its_first_job():
+    """The guard starts its next candidate session ahead of the check; warm, its worker imports
+    torch and Triton (and starts CUDA on a GPU) while it waits, so the check does not wait for that."""
+    from mtmc.tools.worker import Session
+    with Session(interpret=True, name="test", warm="cpu") as warm, Session(interpret=True, name="test") as cold:
+        assert warm.call({"kind": "ping"}, 60)["result"]["torch_loaded"] is True
+        assert cold.call({"kind": "ping"}, 60)["result"]["torch_loaded"] is False

@@ -34,6 +34,7 @@ _KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR", "CUDA_VISIBLE
 _KEEP_PREFIXES = ("TRITON_", "CUDA_", "MTMC_", "TORCHINDUCTOR_")
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PROXY", re.I)
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+WARM_ENV = "MTMC_WARM"   # "cpu" or "cuda": what a session's worker gets ready before its first job
 _STDERR_TAIL_LINES = 40
 
 
@@ -225,13 +226,16 @@ class Session:
     same happens when the parent exits."""
 
     def __init__(self, interpret: bool | None = False, memory_mb: int | None = None, name: str = "worker",
-                 confine: Confinement | None = None, untrusted: bool = True, *, entry: str):
+                 confine: Confinement | None = None, untrusted: bool = True, *, entry: str, warm: str | None = None):
         self.name = name
         self.scratch = Path(tempfile.mkdtemp(prefix=f"mtmc-{name}-"))
         self._stderr_path = self.scratch / "stderr.log"
         self._err = open(self._stderr_path, "wb")
+        env = child_env(interpret=interpret)
+        if warm:   # the worker imports torch (and starts CUDA) before its first job: see tools.worker.serve
+            env[WARM_ENV] = warm
         try:
-            self.proc = _spawn(entry, ["--serve"], self.scratch, self._err, child_env(interpret=interpret),
+            self.proc = _spawn(entry, ["--serve"], self.scratch, self._err, env,
                                _limits(SESSION_CPU_S, memory_mb), confine, untrusted)
         except BaseException:
             self._err.close()

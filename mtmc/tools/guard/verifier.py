@@ -141,7 +141,8 @@ def run_reference(path: str | Path, device: str | None = None, timeout_s: float 
     uid = fresh_uid() if device == "cuda" else None
     try:
         session = Session(interpret=device == "cpu", memory_mb=None if device == "cuda" else memory_mb,
-                          name="guard-reference", confine=_confinement(path, exchange, exchange, device, uid))
+                          name="guard-reference", confine=_confinement(path, exchange, exchange, device, uid),
+                          warm=device)
     except BaseException:
         shutil.rmtree(exchange, ignore_errors=True)
         raise
@@ -265,7 +266,7 @@ def _session(ref: ReferenceRun, memory_mb: int | None, sees: str) -> _Spare:
     give_to_sandbox(directory, ref.uid or SANDBOX_UID)   # the reference session writes its inputs there too
     try:
         session = Session(interpret=ref.device == "cpu", memory_mb=memory_mb, name="guard-candidate",
-                          confine=_confinement(sees, directory, ref.exchange, ref.device, ref.uid))
+                          confine=_confinement(sees, directory, ref.exchange, ref.device, ref.uid), warm=ref.device)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
