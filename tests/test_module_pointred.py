@@ -97,3 +97,63 @@ def test_divisions_and_math_functions_fuse_and_match(tmp_path):
     for op in ("hardsigmoid", "div", "reciprocal", "log_sigmoid", "sqrt", "rsqrt", "sign"):
         assert op in steps, (op, steps)
     assert_model_new_matches(tmp_path, TWO_TENSORS, cap, part)
+
+
+VECTOR_NORMS = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        a = torch.norm(x, p=2, dim=1)
+        b = x.norm(dim=-1, keepdim=True) * 0.5
+        c = torch.linalg.vector_norm(x, ord=1, dim=1)
+        d = torch.linalg.norm(x, ord=float("inf"), dim=2)
+        e = torch.norm(x)
+        f = x / (x.norm(dim=2, keepdim=True) + 1e-6)
+        return a, b, c, d, e, f
+
+
+def get_inputs():
+    return [torch.randn(3, 5, 33)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_vector_norms_are_reductions_with_steps_before_and_after(tmp_path):
+    """torch.norm, Tensor.norm and torch.linalg.(vector_)norm of order 1, 2 ("fro") and inf are
+    reductions (2: square, sum, sqrt), and x / (x.norm() + eps) is a norm reduction then a pointwise
+    group: nothing stays PyTorch, and ModelNew matches Model."""
+    path = tmp_path / "norms.py"
+    path.write_text(VECTOR_NORMS)
+    cap = capture(str(path))
+    part = partition(cap)
+    assert part.torch_ops == []
+    reductions = [g for g in part.groups if g.family == "reduction"]
+    forms = [(g.spec["op"], g.spec["params"].get("prologue"), g.spec["params"].get("epilogue")) for g in reductions]
+    assert forms == [
+        ("sum", [{"op": "square"}], [{"op": "sqrt"}]),
+        ("sum", [{"op": "square"}], [{"op": "sqrt"}, {"op": "scale", "value": 0.5}]),
+        ("sum", [{"op": "abs"}], None),
+        ("max", [{"op": "abs"}], None),
+        ("sum", [{"op": "square"}], [{"op": "sqrt"}]),
+        ("sum", [{"op": "square"}], [{"op": "sqrt"}, {"op": "shift", "value": 1e-6}]),
+    ], forms
+    assert reductions[4].spec["dims"] == {"M": 1, "N": 3 * 5 * 33}   # the norm of every element
+    assert_model_new_matches(tmp_path, VECTOR_NORMS, cap, part)
+
+
+@pytest.mark.parametrize("expr, why", [
+    ("torch.norm(x, p=3, dim=1)", "order 3"),
+    ("torch.linalg.norm(x, dim=(1, 2))", "matrix norm"),
+    ("torch.norm(x, p='nuc', dim=(1, 2))", "order 'nuc'"),
+])
+def test_norms_the_kernels_do_not_serve_stay_pytorch_with_the_reason(tmp_path, expr, why):
+    path = tmp_path / "m.py"
+    path.write_text(VECTOR_NORMS.replace("        a = torch.norm(x, p=2, dim=1)\n", f"        a = {expr}\n"))
+    part = partition(capture(str(path)))
+    assert any(why in t["why"] for t in part.torch_ops), part.torch_ops

@@ -418,6 +418,7 @@ class Partitioner:
         for node, running in links:
             prologue += self._step(node, running, b, shape, full, vector_ok)
             b.nodes += [node, *self.sem[node].covers]
+        prologue += a.pre
         b.nodes += [name, *a.covers]
         for v in a.vectors:
             if self._ref_tensor(v) != ([shape[-1]], dtype):
@@ -429,6 +430,7 @@ class Partitioner:
             epilogue, last = self._extend(a.out, b, shape, full, vector_ok)
         elif a.op not in ("argmax", "argmin"):   # operand-free steps on the reduced values
             epilogue, last = pointwise_fusion.reduction_epilogue(self, a.out, b)
+            epilogue = a.post + epilogue
         params = dict(a.params)
         if inner > 1:
             params["inner"] = inner

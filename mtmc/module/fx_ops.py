@@ -149,6 +149,9 @@ REDUCE_FUNCTIONS = {q(f): op for f, op in [
     (torch.logsumexp, "logsumexp")]}
 REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
                   "argmax": "argmax", "argmin": "argmin", "prod": "prod", "logsumexp": "logsumexp"}
+# vector norms as reductions with a prologue and an epilogue: (the order's argument, its default)
+NORM_FUNCTIONS = {q(torch.norm): ("p", "fro"), q(torch.linalg.vector_norm): ("ord", 2),
+                  q(torch.linalg.norm): ("ord", None)}
 SOFTMAX_FUNCTIONS = {q(F.softmax): "softmax", q(torch.softmax): "softmax",
                      q(F.log_softmax): "log_softmax", q(torch.log_softmax): "log_softmax"}
 SOFTMAX_MODULES = {_cls(nn.Softmax): "softmax", _cls(nn.LogSoftmax): "log_softmax"}
@@ -211,6 +214,8 @@ class Anchor:
     replaces: list[str] = field(default_factory=list)  # nodes whose uses get the result
     dim: int | None = None          # reductions: the reduced dim (None: all)
     keepdim: bool = False
+    pre: list = field(default_factory=list)    # reductions: steps on x before it (a norm's square)
+    post: list = field(default_factory=list)   # ... and on the result (a norm's sqrt)
     state: dict = field(default_factory=dict)   # norms: trailing dims, batch norm's running buffers
 
 
@@ -269,6 +274,8 @@ class Classifier:
             return self._linear(name, args[0], _arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias"))
         if fn in REDUCE_FUNCTIONS or method in REDUCE_METHODS:
             return self._reduce(name, REDUCE_FUNCTIONS.get(fn) or REDUCE_METHODS[method], args, kwargs)
+        if fn in NORM_FUNCTIONS or method == "norm":
+            return self._vector_norm(name, fn, args, kwargs)
         if fn in SOFTMAX_FUNCTIONS or method in ("softmax", "log_softmax"):
             op = SOFTMAX_FUNCTIONS.get(fn) or method
             if _arg(args, kwargs, 3 if fn == q(F.softmax) or fn == q(F.log_softmax) else 2, "dtype") is not None:
@@ -496,6 +503,29 @@ class Classifier:
                 anchor.op = "argmax" if op == "max" else "argmin"
             anchor.covers, anchor.replaces = values + indices + unused, values + indices
             anchor.out = (values + indices)[-1]
+        return anchor
+
+    def _vector_norm(self, name: str, fn: str | None, args: tuple, kwargs: dict) -> Anchor:
+        """torch.norm / Tensor.norm / torch.linalg.(vector_)norm of order 1, 2 ("fro") or inf over
+        dims: a reduction with steps before and after it (2: square, sum, sqrt)."""
+        order_arg, default = NORM_FUNCTIONS.get(fn, ("p", "fro"))
+        order = _arg(args, kwargs, 1, order_arg, default)
+        dim = _arg(args, kwargs, 2, "dim")
+        if kwargs.get("dtype") is not None or kwargs.get("out") is not None:
+            raise Reject("a norm with dtype= or out= is not fused")
+        if fn == q(torch.linalg.norm) and not (isinstance(dim, int) or (dim is None and order is None)):
+            raise Reject("torch.linalg.norm over several dims is a matrix norm: not fused")
+        if order in (None, "fro"):
+            order = 2
+        if isinstance(order, str) or isinstance(order, bool) or not isinstance(order, (int, float)):
+            raise Reject(f"a norm of order {order!r} is not fused")
+        forms = {1: ([{"op": "abs"}], "sum", []), 2: ([{"op": "square"}], "sum", [{"op": "sqrt"}]),
+                 math.inf: ([{"op": "abs"}], "max", []), -math.inf: ([{"op": "abs"}], "min", [])}
+        if order not in forms:
+            raise Reject(f"a norm of order {order} is not fused (orders 1, 2 and inf are)")
+        pre, op, post = forms[order]
+        anchor = self._reduce(name, op, (args[0], dim, _arg(args, kwargs, 3, "keepdim", False)), {})
+        anchor.pre, anchor.post = list(pre), list(post)
         return anchor
 
     def _softmax(self, name: str, op: str, x, dim) -> Anchor:
