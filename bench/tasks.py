@@ -39,6 +39,7 @@ POINTRED_TASKS = [
     "max over dim 1 of a 128x4096x1024 fp16 tensor",
     "argmax over dim 1 of a 64x4096x1024 fp32 tensor",
     "row-wise sum of a 16384x16384 fp32 tensor then scale by 0.5",
+    "variance over the rows of a 16384x16384 fp32 tensor then sqrt",
 ]
 
 # Scans and losses (the scan and loss families), at KernelBench level-1 sizes and a few-long-rows scan

@@ -157,3 +157,40 @@ def test_norms_the_kernels_do_not_serve_stay_pytorch_with_the_reason(tmp_path, e
     path.write_text(VECTOR_NORMS.replace("        a = torch.norm(x, p=2, dim=1)\n", f"        a = {expr}\n"))
     part = partition(capture(str(path)))
     assert any(why in t["why"] for t in part.torch_ops), part.torch_ops
+
+
+VARIANCES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        a = torch.var(x, dim=1)
+        b = x.std(dim=-1, keepdim=True) * 2.0
+        c = torch.std(x, dim=(1, 2), correction=0)
+        d = x.var(2, False, True)
+        e = x.var()
+        return a, b, c, d, e
+
+
+def get_inputs():
+    return [torch.randn(3, 5, 33) * 3.0 + 100.0]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_var_and_std_are_reductions_with_torchs_correction(tmp_path):
+    path = tmp_path / "var.py"
+    path.write_text(VARIANCES)
+    cap = capture(str(path))
+    part = partition(cap)
+    assert part.torch_ops == []
+    forms = [(g.spec["op"], g.spec["params"].get("correction"), g.spec["params"].get("epilogue"))
+             for g in part.groups]
+    assert forms == [("var", 1, None), ("var", 1, [{"op": "sqrt"}, {"op": "scale", "value": 2.0}]),
+                     ("var", 0, [{"op": "sqrt"}]), ("var", 0, None), ("var", 1, None)], forms
+    assert_model_new_matches(tmp_path, VARIANCES, cap, part)

@@ -85,6 +85,8 @@ REDUCE_CASES = [  # (op, dims, params): last dim, middle dim (inner), a looped r
     ("sum", {"M": 12, "N": 40}, {"epilogue": [{"op": "scale", "value": 0.5}, {"op": "relu"}]}),
     ("logsumexp", {"M": 5, "N": 64}, {"prologue": [{"op": "sigmoid"}], "epilogue": [{"op": "mish"}]}),
     ("mean", {"M": 10, "N": 49}, {"inner": 5, "epilogue": [{"op": "gelu"}]}),
+    ("var", {"M": 9, "N": 70}, {}),
+    ("var", {"M": 8, "N": 33}, {"inner": 4, "correction": 0, "epilogue": [{"op": "sqrt"}]}),
 ]
 
 
@@ -94,12 +96,26 @@ def test_reduction_ops_match_torch(op, dims, params, dtype):
     assert_matches_torch(KernelSpec("reduction", op, dims, dtype, params))
 
 
-@pytest.mark.parametrize("op", ["logsumexp", "prod", "sum"])
+@pytest.mark.parametrize("op", ["logsumexp", "prod", "sum", "var"])
 def test_looped_reductions_match_torch(op):
     spec = KernelSpec("reduction", op, {"M": 5, "N": 300}, "float32", {})
     fam = catalog.family_of(spec)
     config = {**fam.default_config(spec, H200), "BLOCK_N": 64, "num_stages": 2}
     assert_matches_torch(spec, config, {"M": 5, "N": 300})
+
+
+def test_var_is_exact_where_the_mean_dwarfs_the_spread():
+    """Rows of 1e4 + N(0, 1): the sum of squares minus the squared sum would lose every digit in
+    fp32; subtracting the mean (one tile) or Welford's lanes (looped) keep var within 1e-4."""
+    spec = KernelSpec("reduction", "var", {"M": 4, "N": 300}, "float32", {})
+    fam = catalog.family_of(spec)
+    x = torch.randn(4, 300) + 1e4
+    for block in (512, 32):
+        mod = load_source(fam.render(spec, {**fam.default_config(spec, H200), "BLOCK_N": block,
+                                            "num_stages": 1 if block >= 300 else 2}))
+        out = torch.empty(4)
+        mod.launch(x, out=out)
+        torch.testing.assert_close(out.double(), x.double().var(-1), rtol=1e-3, atol=0)
 
 
 def test_logsumexp_is_stable_for_large_values():
@@ -217,3 +233,19 @@ def test_default_configs_compile_for_sm90_without_spills():
             assert kernel["error"] is None, f"{name}: {kernel['error']}"
             assert kernel["spill_bytes"] == 0 and kernel["regs"] <= 255, name
             assert 0 <= kernel["shared_bytes"] <= H200.smem_per_block, name
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("variance over the rows of a 512x30000 fp32 tensor", ("var", {"M": 512, "N": 30000}, {})),
+    ("unbiased variance of a 64x4096 bf16 tensor then sqrt", ("var", {"M": 64, "N": 4096},
+                                                              {"epilogue": [{"op": "sqrt"}]})),
+])
+def test_variance_words_parse_to_the_var_reduction(text, spec):
+    r = parse_request(text)
+    assert (r.spec.family, r.spec.op, r.spec.dims, r.spec.params) == ("reduction", *spec)
+
+
+def test_population_variance_and_std_words_are_refused_with_the_way_to_say_it():
+    for text in ("population variance of a 4x4 tensor", "standard deviation over the rows of a 512x300 tensor"):
+        r = parse_request(text)
+        assert r.spec is None and 'say "variance"' in r.message

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "elementwise": ("chain",),
-    "reduction": ("sum", "mean", "max", "min", "argmax", "argmin", "prod", "logsumexp"),
+    "reduction": ("sum", "mean", "max", "min", "argmax", "argmin", "prod", "logsumexp", "var"),
     "softmax": ("softmax", "log_softmax"),
     "norm": ("layernorm", "rmsnorm", "l2norm", "l1norm", "frobenius", "batchnorm", "groupnorm", "instancenorm"),
     "matmul": ("matmul", "bmm"),

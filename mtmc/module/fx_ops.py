@@ -149,6 +149,7 @@ REDUCE_FUNCTIONS = {q(f): op for f, op in [
     (torch.logsumexp, "logsumexp")]}
 REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min",
                   "argmax": "argmax", "argmin": "argmin", "prod": "prod", "logsumexp": "logsumexp"}
+VARIANCE = {q(torch.var): "var", q(torch.std): "std"}
 # vector norms as reductions with a prologue and an epilogue: (the order's argument, its default)
 NORM_FUNCTIONS = {q(torch.norm): ("p", "fro"), q(torch.linalg.vector_norm): ("ord", 2),
                   q(torch.linalg.norm): ("ord", None)}
@@ -276,6 +277,8 @@ class Classifier:
             return self._reduce(name, REDUCE_FUNCTIONS.get(fn) or REDUCE_METHODS[method], args, kwargs)
         if fn in NORM_FUNCTIONS or method == "norm":
             return self._vector_norm(name, fn, args, kwargs)
+        if fn in VARIANCE or method in ("var", "std"):
+            return self._variance(name, VARIANCE.get(fn) or method, args, kwargs)
         if fn in SOFTMAX_FUNCTIONS or method in ("softmax", "log_softmax"):
             op = SOFTMAX_FUNCTIONS.get(fn) or method
             if _arg(args, kwargs, 3 if fn == q(F.softmax) or fn == q(F.log_softmax) else 2, "dtype") is not None:
@@ -526,6 +529,26 @@ class Classifier:
         pre, op, post = forms[order]
         anchor = self._reduce(name, op, (args[0], dim, _arg(args, kwargs, 3, "keepdim", False)), {})
         anchor.pre, anchor.post = list(pre), list(post)
+        return anchor
+
+    def _variance(self, name: str, op: str, args: tuple, kwargs: dict) -> Anchor:
+        """torch.var / torch.std (and the methods) over dims, with torch's correction (or the old
+        `unbiased` flag, by keyword or position): a var reduction, std with a sqrt after it."""
+        rest = list(args[1:])
+        unbiased = kwargs.get("unbiased")
+        if rest and isinstance(rest[0], bool):   # var(x, unbiased)
+            unbiased, rest = rest.pop(0), rest
+        dim = rest[0] if rest else kwargs.get("dim")
+        if len(rest) > 1 and isinstance(rest[1], bool):   # var(x, dim, unbiased, keepdim)
+            unbiased = rest[1]
+            rest = [rest[0], *rest[2:]]
+        keepdim = rest[1] if len(rest) > 1 else kwargs.get("keepdim", False)
+        correction = kwargs.get("correction", 1 if unbiased in (None, True) else 0)
+        if isinstance(correction, bool) or not isinstance(correction, int) or correction < 0:
+            raise Reject(f"{op} with correction={correction!r} is not fused")
+        anchor = self._reduce(name, "var", (args[0], dim, keepdim), {})
+        anchor.params = {"correction": correction}
+        anchor.post = [{"op": "sqrt"}] if op == "std" else []
         return anchor
 
     def _softmax(self, name: str, op: str, x, dim) -> Anchor:

@@ -113,7 +113,7 @@ def _parse(ctx: _Ctx) -> KernelSpec:
 
 _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, tanh, exp, abs, square, scale/shift "
                  "by a number, clamp, leaky relu, and add/sub/mul/max/min with a second tensor, a bias or a "
-                 "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin); softmax and "
+                 "residual); reductions along the last dim (sum, mean, max, min, argmax, argmin, prod, logsumexp, variance); softmax and "
                  "log_softmax; layernorm and rmsnorm; batch, group and instance norms; L1, L2 and Frobenius "
                  "normalization; matmul, batched matmul and linear layers with a fused "
                  "epilogue; convolutions (1d/2d/3d, transposed, grouped, depthwise) with a fused epilogue; "

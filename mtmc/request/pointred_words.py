@@ -49,6 +49,7 @@ _POWER = (rf"\b(?:to\s+the\s+power\s+(?:of\s+)?|raised\s+to\s+(?:the\s+power\s+(
           rf"(?:x\s*,\s*)?|\bx\s*\*\*\s*)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
 _REDUCTIONS = [
     (r"\blog[\s_-]*sum[\s_-]*exp\w*\b|\blse\b", "logsumexp"),
+    (r"(?<!population\s)\b(?:unbiased\s+|sample\s+)?variance\b", "var"),   # torch.var's default correction (1)
     (r"\b(?:reduce[\s_-]*)?prod\b|(?<!cumulative\s)\bproduct\s+(?=(?:reduction|over|along|across|of\s+(?:each|every|all"
      r"|the\s+elements)))", "prod"),
 ]

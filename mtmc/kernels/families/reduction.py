@@ -1,4 +1,4 @@
-"""Row reductions: sum, mean, max, min, argmax, argmin, prod, logsumexp over the last dim of
+"""Row reductions: sum, mean, max, min, argmax, argmin, prod, logsumexp, var over the last dim of
 x [M, N] -> [M], or over the middle dim of x's buffer seen as [M / inner, N, inner] (params
 "inner", see _rows; several neighbouring dims of a tensor are one N), with a pointwise prologue
 on x and an epilogue of operand-free steps on the result (x.sum(-1) * s, logsumexp then relu).
@@ -6,7 +6,10 @@ on x and an epilogue of operand-free steps on the result (x.sum(-1) * s, logsume
 Looped kernels keep a [ROWS_PER_PROG, BLOCK_N] accumulator (one running value per lane) and
 reduce it across lanes once at the end, so each chunk costs only elementwise work.  logsumexp is
 stable: the row's max comes out before the exponentials (single pass), or each lane keeps a
-running max and rescales its running sum when the max grows (looped, one read of x).
+running max and rescales its running sum when the max grows (looped, one read of x).  var
+(params "correction", torch's; std is var then sqrt) subtracts the row's mean before squaring
+(single pass), or keeps Welford's count, mean and M2 per lane and merges the lanes at the end
+(looped, one read of x): never the sum of squares minus the squared sum, which cancels.
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ from mtmc.kernels.spec import KernelSpec
 INDEX_OPS = {"argmax": "max", "argmin": "min"}
 # Padding value that can never win or count, per op.
 FILL = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")', "min": 'float("inf")',
-        "argmax": 'float("-inf")', "argmin": 'float("inf")', "prod": "1.0", "logsumexp": 'float("-inf")'}
+        "argmax": 'float("-inf")', "argmin": 'float("inf")', "prod": "1.0", "logsumexp": 'float("-inf")', "var": "0.0"}
 TORCH = {"sum": "torch.sum", "mean": "torch.mean", "max": "torch.amax", "min": "torch.amin",
-         "argmax": "torch.argmax", "argmin": "torch.argmin", "prod": "torch.prod", "logsumexp": "torch.logsumexp"}
+         "argmax": "torch.argmax", "argmin": "torch.argmin", "prod": "torch.prod", "logsumexp": "torch.logsumexp",
+         "var": "torch.var"}
 # A product's tiny values underflow in the output dtype: its smallest normal, over the dtype's
 # tolerance, is the least error scale (so a flushed 1e-40 is not a wrong value).
 PROD_FLOOR = {"float32": 1.2e-34, "float16": 0.0123, "bfloat16": 4e-37}
@@ -65,7 +69,10 @@ class ReductionFamily(_rows.RowFamily):
 
     def validate(self, spec: KernelSpec) -> None:
         super().validate(spec)
-        _rows.validate_rows(spec, {"prologue", "inner", "epilogue"}, epilogue=True)
+        _rows.validate_rows(spec, {"prologue", "inner", "epilogue", "correction"}, epilogue=True)
+        if "correction" in spec.params and (spec.op != "var" or not isinstance(spec.params["correction"], int)
+                                            or spec.params["correction"] < 0):
+            raise ValueError("correction is a var's, a non-negative integer")
         epi = spec.params.get("epilogue", [])
         if any(pointwise.operand_kind(step) for step in epi):
             raise ValueError("a reduction's epilogue takes steps without another tensor (scale, relu ...)")
@@ -78,8 +85,11 @@ class ReductionFamily(_rows.RowFamily):
     def reference_source(self, spec: KernelSpec) -> str:
         rows = self.layout(spec)
         flat = ".reshape(-1)" if rows.inner > 1 else ""  # [P, Q] results in the kernel's row order
-        y = [f"y = {TORCH[spec.op]}(x, dim={rows.red_dim}){flat}"]
-        if spec.op in ("sum", "mean"):
+        extra = f", correction={_correction(spec)}" if spec.op == "var" else ""
+        y = [f"y = {TORCH[spec.op]}(x, dim={rows.red_dim}{extra}){flat}"]
+        if spec.op == "var":   # rounding the deviations: an error relative to the mean square
+            scale = [f"s = x.pow(2).mean(dim={rows.red_dim}){flat} + y.abs()"]
+        elif spec.op in ("sum", "mean"):
             # accumulation-order error grows with the sum of |x|, not with |sum x|
             reduce = "sum" if spec.op == "sum" else "mean"
             scale = [f"s = x.abs().{reduce}(dim={rows.red_dim}){flat}"]
@@ -121,7 +131,10 @@ class ReductionFamily(_rows.RowFamily):
             return _split.render(self, spec, config, _looped, FILL[spec.op])
         t = _rows.RowTemplate(self.layout(spec), config, f"{spec.op}_rows_kernel", out_rows_only=True)
         load = t.load_x(FILL[spec.op])
-        body = _single_pass(spec.op, t, load) if t.single else _looped(spec.op, t, load)
+        if spec.op == "var":
+            body = _variance(t, load, _correction(spec))
+        else:
+            body = _single_pass(spec.op, t, load) if t.single else _looped(spec.op, t, load)
         title = (f"{spec.op} over the last dim of x [M, N] -> out [M]" if not t.strided
                  else f"{spec.op} over dim 1 of x [M / Q, N, Q] -> out [M]")
         source = t.module(title, body + t.epilogue("value") + [t.store("value")])
@@ -130,7 +143,33 @@ class ReductionFamily(_rows.RowFamily):
         return source
 
     def work(self, spec: KernelSpec) -> tuple[float, float]:
-        return self.layout(spec).work(3.0 if spec.op == "logsumexp" else 1.0, self.output(spec))
+        return self.layout(spec).work({"logsumexp": 3.0, "var": 6.0}.get(spec.op, 1.0), self.output(spec))
+
+
+def _correction(spec: KernelSpec) -> int:
+    return int(spec.params.get("correction", 1))
+
+
+def _variance(t: _rows.RowTemplate, load: list[str], correction: int) -> list[str]:
+    """var over the row (x's padding is 0.0): N - correction in the denominator, as torch.var
+    (0 / 0 = nan where N <= correction, as torch gives)."""
+    denominator = f"(N - {correction})"
+    if t.single:
+        return t.chunks([*load, "mean = tl.sum(x, axis=1) / N",
+                         "d = tl.where(col_mask[None, :], x - mean[:, None], 0.0)",
+                         f"value = tl.sum(d * d, axis=1) / {denominator}"])
+    tile = "[ROWS_PER_PROG, BLOCK_N]"
+    init = [f"count = tl.zeros({tile}, dtype=tl.float32)", f"lane_mean = tl.zeros({tile}, dtype=tl.float32)",
+            f"m2 = tl.zeros({tile}, dtype=tl.float32)"]
+    step = ["valid = tl.where(col_mask[None, :], 1.0, 0.0)",   # Welford, per lane
+            "count += valid",
+            "delta = x - lane_mean",
+            "lane_mean += valid * delta / tl.maximum(count, 1.0)",
+            "m2 += valid * delta * (x - lane_mean)"]
+    final = ["mean = tl.sum(count * lane_mean, axis=1) / N",   # the lanes merged (Chan et al.)
+             "spread = lane_mean - mean[:, None]",
+             f"value = (tl.sum(m2, axis=1) + tl.sum(count * spread * spread, axis=1)) / {denominator}"]
+    return [*init, *t.chunks([*load, *step]), *final]
 
 
 
