@@ -308,6 +308,22 @@ def test_warm_start_takes_only_a_legal_config_from_the_same_gpu():
     assert warm_start([other_gpu, illegal, missing], space, H200) is None
 
 
+def test_warm_start_needs_a_near_spec_whose_draft_did_not_lose():
+    """L2 57 on the H100 (2026-12-06): its conv (8 input channels) started from the final config
+    of L2 1's conv (64 input channels, a draft that lost to cuDNN) and lost too; from the template's
+    default the same conv ran 2.45x faster than eager.  A history lends its config only when the op
+    and dtype match, every dim is within 2x, and its draft did not lose to eager."""
+    spec = KernelSpec("matmul", "matmul", {"M": 512, "N": 512, "K": 512}, "float32")
+    space = family_of(spec).config_space(spec)
+    near = synthetic_record("matmul", "matmul", {"M": 1024, "N": 512, "K": 300}, "float32").summary(H200)
+    far = {**near, "id": "far", "dims": {"M": 512, "N": 512, "K": 4096}}
+    lost = {**near, "id": "lost", "speedups": {"eager": 0.8}}
+    half = {**near, "id": "half", "dtype": "float16"}
+    assert warm_start([far, lost, half, near], space, H200, spec.to_dict())["id"] == near["id"]
+    assert warm_start([far, lost, half], space, H200, spec.to_dict()) is None
+    assert warm_start([far], space, H200)["id"] == "far"   # no spec given: legality alone, as before
+
+
 def test_stale_history_is_flagged_and_reverified_before_use():
     old = {**current_versions(), "triton": "0.0.1"}
     cfg = {"BLOCK": 2048, "num_warps": 8, "PERSISTENT": False}
