@@ -160,6 +160,19 @@ def _mode(model) -> tuple[str, list]:
     raise ValueError("Model gives different outputs on the same inputs even in eval mode: nothing can be checked")
 
 
+class _Clock:
+    """Seconds between named points of a job, in order."""
+
+    def __init__(self):
+        import time
+        self._now, self._last, self.laps = time.monotonic, time.monotonic(), {}
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.laps[name] = round(now - self._last, 2)
+        self._last = now
+
+
 def _not_dumpable() -> None:
     """A candidate running under the same uid (on a GPU the two sessions share a PID namespace
     for CUDA IPC) must not read this process's memory through /proc/PID/mem."""
@@ -179,7 +192,9 @@ def open_job(job: dict) -> dict:
     _not_dumpable()
     _RUN.clear()
     device = job.get("device", "cpu")
+    clock = _Clock()   # where the opening's seconds go (the verdict's phases show them)
     module = load_file(job["path"], f"mtmc_reference_{os.getpid()}")
+    clock.lap("import")
     missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
     if missing:
         raise ValueError(f"the reference defines no {', '.join(missing)}")
@@ -188,14 +203,18 @@ def open_job(job: dict) -> dict:
     with torch.device(device):   # parameters made where they are used
         model = module.Model(*init)
     model.to(device)
+    clock.lap("build")
     try:
         model64 = copy.deepcopy(model).to(torch.float64)
     except Exception:
         model64 = None
+    clock.lap("float64 copy")
     max_elems = staged_cap(device, job.get("max_elems"), ipc_exports)
+    clock.lap("ipc probe")
     _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={},
                 max_elems=max_elems, time=bool(job.get("time")), eager_ms=None, trial=None)
     mode, notes = _mode(model)
+    clock.lap("mode probe")
     if max_elems != job.get("max_elems"):
         notes.append(f"CUDA IPC is refused here, so tensors cross as files: inputs are cut along the batch to "
                      f"{max_elems} elements each for this check")
@@ -205,7 +224,7 @@ def open_job(job: dict) -> dict:
     if mode == "eval":
         notes.append("Model is random in training mode (dropout?): both are compared in eval mode")
     _RUN.update(mode=mode, notes=notes)
-    return {"variants": list(VARIANTS), "notes": notes, "mode": mode}
+    return {"variants": list(VARIANTS), "notes": notes, "mode": mode, "seconds": clock.laps}
 
 
 def state_job(job: dict) -> dict:

@@ -155,7 +155,18 @@ def run_reference(path: str | Path, device: str | None = None, timeout_s: float 
         ref.close()
         raise
     ref.variants, ref.notes, ref.mode = opened["variants"], opened["notes"], opened["mode"]
+    _split_open(ref.clock, opened.get("seconds") or {})
     return ref
+
+
+def _split_open(clock: list, laps: dict) -> None:
+    """The opening's own parts in place of its one entry (what is left of it: the session's start,
+    and the waits), so a verdict's phases say which part is slow; the total is unchanged."""
+    if not clock or clock[-1][0] != "reference_open" or not laps:
+        return
+    kind, wall = clock.pop()
+    clock.append([kind, round(max(0.0, wall - sum(laps.values())), 2)])
+    clock += [[f"{kind} {part}", secs] for part, secs in laps.items()]
 
 
 def _timing(metas: list, obs: dict) -> dict | None:
