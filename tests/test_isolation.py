@@ -248,3 +248,20 @@ def test_a_sandbox_in_the_host_pid_namespace_is_cleaned_up_by_its_uid():
     isolation.kill_uid(uid)
     time.sleep(0.3)
     assert not _running(marker)
+
+
+def test_a_folder_is_shown_in_place_only_where_its_file_would_bring_it_anyway(tmp_path, monkeypatch):
+    """The guard's spare candidate session sees the candidates' whole folder; that must show it no
+    more than a fresh session given one file there: the folder is bound only when we drop to the
+    sandbox user and anyone may read it and the file (else the file alone, or a staged copy)."""
+    from mtmc.tools import isolation
+    shown, private = tmp_path / "shown", tmp_path / "private"
+    for d, mode in ((shown, 0o755), (private, 0o700)):
+        d.mkdir()
+        (d / "m.py").write_text("x = 1\n")
+        d.chmod(mode)
+    monkeypatch.setattr(isolation, "_drops_user", lambda: True)
+    assert isolation.readable_in_place(shown / "m.py") and isolation.readable_in_place(shown)
+    assert not isolation.readable_in_place(private / "m.py") and not isolation.readable_in_place(shown / "no.py")
+    monkeypatch.setattr(isolation, "_drops_user", lambda: False)   # a child keeping our uid: the file alone
+    assert not isolation.readable_in_place(shown / "m.py")

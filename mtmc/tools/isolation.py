@@ -247,11 +247,14 @@ def _read_only(path: str, scratch: Path) -> list[str]:
 
 
 def readable_in_place(path: str | Path) -> bool:
-    """Whether a child that sees a folder read-only can read `path` (a file or folder) there: the
-    sandbox user may read it and its folder (always, when the child keeps our own uid)."""
+    """Whether a child given a file read-only sees the file's whole folder anyway (`_read_only`:
+    when we drop to the sandbox user and anyone may read both), so that showing it that folder
+    shows it nothing more; for a folder, whether it would be shown so.  Never without the drop:
+    a child keeping our uid is shown the file alone."""
     path = os.path.realpath(path)
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    return os.path.exists(path) and (not _drops_user() or (_readable_by_others(folder) and _readable_by_others(path)))
+    return (os.path.exists(path) and _drops_user() and _readable_by_others(folder)
+            and _readable_by_others(path))
 
 
 def _etc(scratch: Path, user: int) -> list[str]:

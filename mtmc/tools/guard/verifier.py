@@ -265,7 +265,8 @@ def _run_trials(ref: ReferenceRun, cand: Session, path: str, directory: str, tim
 
 def _start_spare(ref: ReferenceRun, memory_mb: int | None) -> _Spare | None:
     """A candidate session for the next check of `ref`, starting now (see _Spare); None where the
-    candidates' folder is not known or the sandbox user could not read it in place."""
+    candidates' folder is not known, or where a candidate's own session would not see that whole
+    folder (isolation.readable_in_place): a spare must see nothing more than it would."""
     if ref.candidates_in is None or not readable_in_place(ref.candidates_in):
         return None
     return _session(ref, memory_mb, ref.candidates_in)
