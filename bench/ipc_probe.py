@@ -76,6 +76,9 @@ def _argv(role: str, way: dict, scratch: Path, shm: Path, uid: int | None) -> tu
         cut = cut.split()
         i = next(i for i in range(len(cmd)) if cmd[i:i + len(cut)] == cut)
         del cmd[i:i + len(cut)]
+    if way.get("extra"):   # binds added last, over the sandbox's own
+        at = len(cmd) - len(argv) - 1
+        cmd[at:at] = way["extra"]
     if way.get("dev_bind"):
         i = cmd.index("--dev")
         cmd[i:i + 2] = ["--dev-bind", "/dev"]
@@ -161,6 +164,11 @@ def ways() -> dict:
             "sandbox, no IPC namespace": {"bwrap": True, "drop_flags": ["--unshare-ipc"]},
             "sandbox, no seccomp": {"bwrap": True, "no_seccomp": True},
             "sandbox, host /dev": {"bwrap": True, "dev_bind": True},
+            "sandbox, host /etc": {"bwrap": True, "extra": ["--ro-bind", "/etc", "/etc"]},
+            "sandbox, host /var": {"bwrap": True, "extra": ["--ro-bind-try", "/var", "/var"]},
+            "sandbox, host /proc": {"bwrap": True, "extra": ["--bind", "/proc", "/proc"]},
+            "sandbox, whole host read-only over it": {"bwrap": True, "extra": ["--ro-bind", "/", "/",
+                                                                               "--dev-bind", "/dev", "/dev"]},
             "sandbox, no IPC ns, dumpable, host /dev": {"bwrap": True, "drop_flags": ["--unshare-ipc"],
                                                         "dev_bind": True, "env": {"PROBE_DUMPABLE": "1"}},
         })
