@@ -334,6 +334,9 @@ def test_an_output_that_is_a_constant_drops_the_work_that_fed_it(tmp_path, forwa
     last = stage["applied"][-1]
     assert all(g in last["result"] for g in gone), last["result"]
     assert last["predicted"]["gain_ms"] > 0
+    # the fill left to PyTorch says what it is (it read "outside the kernel catalog")
+    why = {t["op"]: t["why"] for t in partition(stage["captured"]).torch_ops}
+    assert [w for op, w in why.items() if made in op] == ["a constant fill: nothing to compute, PyTorch writes it"], why
     _matches(tmp_path, path, stage["captured"])
 
 

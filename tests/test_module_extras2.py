@@ -60,3 +60,15 @@ def test_where_of_two_tensors_stays_pytorch_with_the_reason(where_forms):
 def test_where_forms_model_new_matches(tmp_path, where_forms):
     source, cap, part = where_forms
     assert_model_new_matches(tmp_path, source, cap, part)
+
+
+def test_torch_alias_spellings_fuse_like_the_usual_ones(tmp_path):
+    """torch.multiply stayed PyTorch as "outside the kernel catalog" and split KernelBench L2 52
+    (held-out half, planned on the CPU 2026-12-06) into three groups."""
+    source = (MODULES / "torch_aliases.py").read_text()
+    cap = capture(str(MODULES / "torch_aliases.py"))
+    part = partition(cap)
+    assert part.torch_ops == [] and len(part.groups) == 1
+    ops = [s["op"] for s in part.groups[0].spec["params"]["epilogue"]]
+    assert ops[:2] == ["bias", "mish"] and "mul" in ops and ops[-2:] == ["abs", "neg"]   # x * tanh(softplus(x))
+    assert_model_new_matches(tmp_path, source, cap, part)

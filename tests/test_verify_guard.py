@@ -17,7 +17,7 @@ from mtmc.tools.guard.report import format_verdict, phase_line
 from mtmc.tools.guard.verifier import check_candidate, run_reference, verify
 from mtmc.tools.guard import checks as C
 from mtmc.tools.guard import numeric
-from mtmc.tools.guard.draw import VARIANTS, vary
+from mtmc.tools.guard.draw import SIGNED, VARIANTS, vary
 from mtmc.tools.worker import run_job
 
 CHEATS = Path(__file__).parent / "cheats"
@@ -196,6 +196,31 @@ def test_variants_keep_nonnegative_inputs_nonnegative():
     assert 0.25 <= scale <= 4 and torch.allclose(shifted, signed * scale + (shifted - signed * scale).mean(), atol=1e-5)
     idx = torch.randint(0, 5, (10,))
     assert vary(idx, "heavy_tailed", gen) is idx  # indices are left as drawn
+
+
+def test_nonnegative_inputs_get_one_trial_with_both_signs():
+    gen = torch.Generator().manual_seed(2)
+    x = vary(torch.rand(64, 64), SIGNED, gen)
+    assert float((x < 0).float().mean()) > 0.3 and float((x > 0).float().mean()) > 0.3
+
+
+def test_a_signed_trial_tells_relu_from_a_copy_on_nonnegative_inputs():
+    """On torch.rand inputs relu is the identity on every sign-keeping variant: KernelBench's ELU
+    task was refused as "cannot be told from a copy of input 0", even for an honest kernel (H100,
+    2026-12-06).  The signed trial accepts the relu and rejects the copy for being wrong."""
+    honest = verify(path("ref_relu_of_rand"), path("honest_relu"), device="cpu", timeout_s=TIMEOUT_S)
+    assert honest["accepted"], failed(honest)
+    assert honest["variants"] == [*VARIANTS, SIGNED]
+    cheat = verify(path("ref_relu_of_rand"), path("honest_copy"), device="cpu", timeout_s=TIMEOUT_S)
+    assert not cheat["accepted"] and set(failed(cheat)) == {"correctness"}
+    assert "trial 4 (signed)" in failed(cheat)["correctness"]
+
+
+def test_the_signed_trial_falls_back_where_model_is_not_finite():
+    v = verify(path("ref_sqrt_of_rand"), path("honest_copy"), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["variants"] == [*VARIANTS, SIGNED]
+    assert any("signed: Model's output is not finite" in n for n in v["notes"]), v["notes"]
+    assert not v["accepted"] and "correctness" in failed(v)
 
 
 def test_tolerance_that_cannot_discriminate_rejects_even_honest_work():

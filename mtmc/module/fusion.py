@@ -644,11 +644,18 @@ class Partitioner:
             gather = self._indexes_by_tensor(name)
             if n["target"].rsplit(".", 1)[-1].rstrip("_") in free and not gather:
                 continue
+            fill = n["target"].rsplit(".", 1)[-1] in _FILLS
             why = self.why.get(name) or ("indexing by a tensor (a gather) is outside the kernel catalog" if gather
+                                         else "a constant fill: nothing to compute, PyTorch writes it" if fill
                                          else "outside the kernel catalog" if name not in self.sem
                                          else "nothing to fuse it with")
             left.append({"node": name, "graph": self.g.path, "op": self.g.words(name), "why": why})
         return left
+
+
+# tensors made from nothing but a shape and a value (the graph stage's x - x -> zeros makes one)
+_FILLS = {"zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
+          "new_zeros", "new_ones", "new_full", "new_empty"}
 
 
 def _not_analysed(e: Exception) -> str:

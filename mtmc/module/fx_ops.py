@@ -114,9 +114,11 @@ UNARY_FUNCTIONS = {q(f): op for f, op in [
     (F.leaky_relu, "leaky_relu"), (torch.clamp, "clamp"), (torch.clip, "clamp"), (F.relu6, "relu6"),
     (F.hardtanh, "hardtanh"), (F.dropout, "dropout"), (torch.pow, "pow"), (operator.pow, "pow"),
     (operator.abs, "abs"), (torch.clamp_min, "clamp_min"), (torch.clamp_max, "clamp_max"),
+    (torch.negative, "neg"), (torch.absolute, "abs"),   # torch's aliases
 ]}
 UNARY_METHODS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "abs": "abs",
-                 "neg": "neg", "square": "square", "clamp": "clamp", "clip": "clamp", "pow": "pow",
+                 "neg": "neg", "negative": "neg", "absolute": "abs", "square": "square", "clamp": "clamp",
+                 "clip": "clamp", "pow": "pow",
                  "clamp_min": "clamp_min", "clamp_max": "clamp_max", "contiguous": "identity",
                  "clone": "identity", "float": "cast", "half": "cast", "bfloat16": "cast", "to": "cast",
                  "type_as": "cast"}
@@ -137,9 +139,11 @@ BINARY_FUNCTIONS = {q(f): op for f, op in [
     (operator.add, "add"), (torch.add, "add"), (operator.sub, "sub"), (torch.sub, "sub"),
     (operator.mul, "mul"), (torch.mul, "mul"), (operator.truediv, "div"), (torch.div, "div"),
     (torch.maximum, "maximum"), (torch.minimum, "minimum"),
+    (torch.multiply, "mul"), (torch.subtract, "sub"), (torch.divide, "div"), (torch.true_divide, "div"),
 ]}
 BINARY_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "truediv": "div",
-                  "maximum": "maximum", "minimum": "minimum"}
+                  "maximum": "maximum", "minimum": "minimum",
+                  "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
 MATMUL_FUNCTIONS = {q(f) for f in (torch.matmul, operator.matmul, torch.mm, torch.bmm)}
 LINEAR_FUNCTION = q(F.linear)
 EINSUM = q(torch.einsum)

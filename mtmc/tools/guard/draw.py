@@ -7,7 +7,11 @@ Variants (one per trial, in this order):
   heavy_tailed   Cauchy values clipped to +-CLIP times the template's RMS (many large values)
   offset_scaled  the template times a random scale in [1/4, 4] plus a random offset
 Non-negative templates stay non-negative (a log or sqrt in the module keeps its domain); integer
-and boolean tensors (indices, masks) are kept as get_inputs() drew them.
+and boolean tensors (indices, masks) are kept as get_inputs() drew them.  Where a template is
+non-negative, one more trial draws it with both signs:
+  signed         normal values of the template's RMS, either sign (on torch.rand inputs an ELU or
+                 a ReLU is the identity, so a copy of the input would pass every other trial;
+                 the reference falls back to as_given where Model is not finite on these)
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import math
 import os
 
 VARIANTS = ("as_given", "heavy_tailed", "offset_scaled")
+SIGNED = "signed"
 CLIP = 12.0
 
 
@@ -55,8 +60,10 @@ def vary(template, variant: str, gen):
         scale = math.exp((2 * u[0] - 1) * math.log(4.0))
         offset = (u[1] * 2 if nonneg else u[1] * 4 - 2) * rms
         out = t32 * scale + offset
+    elif variant == SIGNED:
+        out = torch.empty(t32.shape, device=t32.device).normal_(generator=gen).mul_(rms)
     else:
-        raise ValueError(f"unknown input variant {variant!r}; known: {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown input variant {variant!r}; known: {', '.join(VARIANTS + (SIGNED,))}")
     return out.to(template.dtype).reshape(template.shape).contiguous()
 
 

@@ -5,7 +5,7 @@ Jobs, in the order the verifier sends them (the state lives in this process betw
   reference_open    {"path", "device", "time", "max_elems"} -> {"variants", "notes", "mode"}
                     builds Model(*get_init_inputs()) under a fresh seed, on the device
   reference_state   {"dir"} -> {"payload"}: init inputs and the state_dict, shared (exchange)
-  reference_variant {"index", "dir"} -> inputs drawn fresh for VARIANTS[index] (guard.draw) on the
+  reference_variant {"index", "dir"} -> inputs drawn fresh for variants[index] (guard.draw) on the
                     device, Model's eager outputs and float64 truth kept here; the inputs shared;
                     plus what the checks need that depends on the reference alone (sizes, which
                     fake outputs the tolerance cannot tell apart, eager's time once)
@@ -22,7 +22,7 @@ import copy
 import os
 
 from mtmc.tools.guard import numeric
-from mtmc.tools.guard.draw import VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
+from mtmc.tools.guard.draw import SIGNED, VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
 from mtmc.tools.guard.exchange import ipc_exports, receive, share, staged_cap
 
 _RUN: dict = {}   # this session's reference run
@@ -137,9 +137,9 @@ def _float64(model, model64, inputs, eager, device) -> tuple[list | None, str]:
 
 # -- jobs -------------------------------------------------------------------------------------
 
-def _mode(model) -> tuple[str, list]:
+def _mode(model) -> tuple[str, list, bool]:
     """("train", or "eval" when Model is random in training mode (dropout): two runs of a copy on
-    the same inputs differ; notes on the inputs).  Random even in eval mode, no output can be
+    the same inputs differ; notes on the inputs; whether a floating input is drawn non-negative).  Random even in eval mode, no output can be
     checked; a Model that rejects the interpreter's cut batch cannot be checked here either."""
     import torch
     probe = copy.deepcopy(model)  # probing must not move the running statistics handed over
@@ -156,8 +156,17 @@ def _mode(model) -> tuple[str, list]:
                                  f"batch ({type(e).__name__}: {str(e)[:200]})") from e
             raise
         if all(torch.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=True) for x, y in zip(a, b)):
-            return mode, notes
+            return mode, notes, _nonneg(inputs)
     raise ValueError("Model gives different outputs on the same inputs even in eval mode: nothing can be checked")
+
+
+def _nonneg(inputs: list) -> bool:
+    return any(x.is_floating_point() and x.numel() > 1 and bool(x.min() >= 0) for x in flat_tensors(inputs))
+
+
+def _finite(outs: list) -> bool:
+    import torch
+    return all(bool(torch.isfinite(o).all()) for o in outs if o.is_floating_point())
 
 
 class _Clock:
@@ -213,8 +222,9 @@ def open_job(job: dict) -> dict:
     clock.lap("ipc probe")
     _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={},
                 max_elems=max_elems, time=bool(job.get("time")), eager_ms=None, trial=None)
-    mode, notes = _mode(model)
+    mode, notes, nonneg = _mode(model)
     clock.lap("mode probe")
+    variants = list(VARIANTS) + ([SIGNED] if nonneg else [])   # draw.py says why
     if max_elems != job.get("max_elems"):
         notes.append(f"CUDA IPC is refused here, so tensors cross as files: inputs are cut along the batch to "
                      f"{max_elems} elements each for this check")
@@ -223,8 +233,8 @@ def open_job(job: dict) -> dict:
             m.train(mode == "train")
     if mode == "eval":
         notes.append("Model is random in training mode (dropout?): both are compared in eval mode")
-    _RUN.update(mode=mode, notes=notes)
-    return {"variants": list(VARIANTS), "notes": notes, "mode": mode, "seconds": clock.laps}
+    _RUN.update(mode=mode, notes=notes, variants=variants)
+    return {"variants": variants, "notes": notes, "mode": mode, "seconds": clock.laps}
 
 
 def state_job(job: dict) -> dict:
@@ -250,20 +260,25 @@ def _loose(truth: list, eager: list, inputs: list) -> list[list[str]]:
 
 
 def variant_job(job: dict) -> dict:
-    """Fresh inputs for VARIANTS[index], Model's outputs on them, kept here; the inputs shared."""
+    """Fresh inputs for the opening's variants[index], Model's outputs on them, kept here; the
+    inputs shared."""
     import torch
     _RUN["trial"] = None
     if _RUN["device"] == "cuda":
         torch.cuda.ipc_collect()     # memory the candidate has let go of
         torch.cuda.empty_cache()
-    model, variant, notes = _RUN["model"], VARIANTS[job["index"]], []
+    model, variant, notes = _RUN["model"], _RUN["variants"][job["index"]], []
     inputs, _ = _draw(variant)
     try:
         eager, ops = _eager(model, inputs)
+        if variant == SIGNED and not _finite(eager):
+            raise ValueError("not finite")
     except Exception as e:
         if variant == VARIANTS[0]:
             raise
-        notes.append(f"{variant}: Model raised {type(e).__name__} on these inputs; drew {VARIANTS[0]} instead")
+        why = ("Model's output is not finite on these inputs (its domain is non-negative)" if str(e) == "not finite"
+               else f"Model raised {type(e).__name__} on these inputs")
+        notes.append(f"{variant}: {why}; drew {VARIANTS[0]} instead")
         variant = VARIANTS[0]
         inputs, _ = _draw(variant)
         eager, ops = _eager(model, inputs)
