@@ -72,3 +72,23 @@ def test_torch_alias_spellings_fuse_like_the_usual_ones(tmp_path):
     ops = [s["op"] for s in part.groups[0].spec["params"]["epilogue"]]
     assert ops[:2] == ["bias", "mish"] and "mul" in ops and ops[-2:] == ["abs", "neg"]   # x * tanh(softplus(x))
     assert_model_new_matches(tmp_path, source, cap, part)
+
+
+def test_control_flow_on_sizes_is_captured_for_the_calls_shapes(tmp_path):
+    """An assert or an if on sizes and a loop over range(x.size(0)) stopped the trace ("control
+    flow on a traced value"): held-out KernelBench L3 Swin V2 crashed the capture, and NetVLAD and
+    a hand-written RNN were captured only in parts (2026-12-06)."""
+    source = (MODULES / "shape_control_flow.py").read_text()
+    cap = capture(str(MODULES / "shape_control_flow.py"))
+    assert cap["problems"] == [] and len(cap["graphs"]) == 1, cap["problems"]
+    targets = [n["target"] for n in cap["graphs"][0]["nodes"]]
+    assert targets.count("torch.tanh") == 3   # the loop, unrolled for seq's length 3
+    assert_model_new_matches(tmp_path, source, cap, partition(cap))
+
+
+def test_control_flow_on_values_is_still_refused(tmp_path):
+    path = tmp_path / "data_branch.py"
+    path.write_text((MODULES / "shape_control_flow.py").read_text().replace(
+        "if x.size(-1) != 8:", "if x.sum() > 0:"))
+    cap = capture(str(path))
+    assert any("control flow on a traced value" in p["reason"] for p in cap["problems"]), cap["problems"]

@@ -21,7 +21,8 @@ LEVEL1 = Path(__file__).resolve().parents[2] / "shared" / "kernelbench-dev" / "l
 GROUPS = {  # module -> (family, op, params that must be set) of each group, in graph order
     "cumsum_forms": [("scan", "cumsum", {"epilogue": [{"op": "relu"}]}), ("scan", "cumsum", {"reverse": True}),
                      ("scan", "cumprod", {}), ("scan", "cumsum", {"masked": True}),
-                     ("scan", "cumsum", {"exclusive": True}), ("scan", "cumsum", {"inner": 100})],
+                     ("scan", "cumsum", {"exclusive": True}), ("scan", "cumsum", {"inner": 100}),
+                     ("scan", "cumsum", {"exclusive": True})],
     "mse_loss": [("loss", "total", {"reduction": "mean", "prologue": [{"op": "sub"}, {"op": "square"}]})],
     "huber_loss": [("loss", "smooth_l1", {"beta": 1.0}), ("loss", "huber", {"delta": 0.5})],
     "kl_loss": [("loss", "kl_div", {"reduction": "batchmean", "log_input": True})],
@@ -40,6 +41,7 @@ def test_module_groups_and_model_new(tmp_path, name):
     assert len(got) == len(GROUPS[name]), got
     for (fam, op, params), (gfam, gop, gparams) in zip(GROUPS[name], got):
         assert (gfam, gop) == (fam, op) and all(gparams.get(k) == v for k, v in params.items()), got
+    assert name != "cumsum_forms" or part.torch_ops == []   # the shifted form's cat and zeros go too
     assert_model_new_matches(tmp_path, path.read_text(), cap, part)
 
 

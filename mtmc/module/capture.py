@@ -24,6 +24,7 @@ plain-words message; the worker turns it into an error result.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -228,22 +229,64 @@ def run_recording_calls(model, inputs, path: str):
 
 # -- tracing ----------------------------------------------------------------------------------
 
-def _tracer(leaves: set[str], expand: frozenset = frozenset()):
+def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
     import torch.fx as fx
 
     from mtmc.module.attention_capture import expanded_forward
+    from mtmc.module.shape_facts import DataDependent
+
+    class SizedProxy(fx.Proxy):
+        """A proxy that a size of the recorded call may stand in for where Python needs an int
+        (range(x.size(0)), a list's length): module.shape_facts."""
+
+        def __index__(self):
+            try:
+                v = facts.value(self.node) if facts else None
+            except DataDependent:
+                v = None
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError("'Proxy' object cannot be interpreted as an integer")
+            return v
 
     class Tracer(fx.Tracer):
         """fx's tracer that keeps `leaves` opaque, traces the MultiheadAttention calls in
         `expand` as their parts (module.attention_capture), and tags a failure with the innermost
         submodule whose forward raised it."""
 
+        def proxy(self, node):
+            return SizedProxy(node, self)
+
+        def to_bool(self, obj):
+            """An if / assert on the recorded call's shapes takes that call's branch."""
+            try:
+                if facts is not None:
+                    return bool(facts.value(obj.node))
+            except DataDependent:
+                pass
+            return super().to_bool(obj)
+
         def is_leaf_module(self, m, qualname):
             if qualname in expand:
                 return False
             return qualname in leaves or super().is_leaf_module(m, qualname)
 
+        @contextlib.contextmanager
+        def untraced(self):
+            """While shape_facts runs a submodule on fake tensors: plain calls, no proxies."""
+            self.evaluating = getattr(self, "evaluating", 0) + 1
+            try:
+                yield
+            finally:
+                self.evaluating -= 1
+
+        def getattr(self, attr, attr_val, parameter_proxy_cache):
+            if getattr(self, "evaluating", 0):
+                return attr_val
+            return super().getattr(attr, attr_val, parameter_proxy_cache)
+
         def call_module(self, m, forward, args, kwargs):
+            if getattr(self, "evaluating", 0):
+                return forward(*args, **kwargs)
             if expand and self.path_of_module(m) in expand:
                 forward = expanded_forward(m)
             try:
@@ -254,6 +297,8 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset()):
                 raise
 
     t = Tracer()
+    if facts is not None:
+        facts.quiet = t.untraced
     t.record_stack_traces = True  # each node's line in the user's file, for reports
     t.proxy_buffer_attributes = True  # self.mask[:, :, :T, :T] slices a buffer by a traced size
     return t
@@ -266,7 +311,7 @@ def _join(prefix: str, path: str) -> str:
 def _call_args(mod, call) -> tuple[list, dict]:
     """The recorded call (a list, or (args, kwargs)) as positional arguments in forward's order
     (fx placeholders), and the parameters it left at plain default values: traced as those
-    constants, so `if h0 is None:` takes the branch the call took."""
+    constants, so `if h0 is None:` takes the branch the call took (and so do Nones it passed)."""
     args, kwargs = (call, {}) if isinstance(call, list) else call
     sig = inspect.signature(mod.forward)
     params = list(sig.parameters.values())
@@ -277,6 +322,8 @@ def _call_args(mod, call) -> tuple[list, dict]:
     bound = sig.bind(*args, **kwargs)
     left = {p.name: p.default for p in params if p.name not in bound.arguments
             and (p.default is None or isinstance(p.default, (bool, int, float, str)))}
+    # a None passed explicitly is as constant as a default one (Swin's attn(x, mask=None))
+    left.update({k: None for k, v in bound.arguments.items() if v is None})
     bound.apply_defaults()
     return list(bound.arguments.values()), left
 
@@ -327,12 +374,13 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
 
     from mtmc.module import attention_capture
     from mtmc.module.fxjson import Unreproducible, describe_value, encode_node
+    from mtmc.module.shape_facts import ShapeFacts
 
     args, defaults = _call_args(mod, call)
     leaves: dict[str, dict] = {}
     for _ in range(MAX_LEAVES + 1):
         try:
-            graph, assigned = _trace_keeping_state(_tracer(set(leaves)), mod, defaults)
+            graph, assigned = _trace_keeping_state(_tracer(set(leaves), facts=ShapeFacts(mod, args)), mod, defaults)
             break
         except Exception as e:
             sub = getattr(e, "mtmc_path", None)
@@ -364,11 +412,15 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
             Recorder(fx.GraphModule(mod, graph)).propagate(*args)
         return values
 
-    values = shapes(graph)
+    try:
+        values = shapes(graph)
+    except Exception as e:   # the traced graph does not run on the recorded call: its parts are tried
+        raise Untraceable(where(e, path), _reason(e)) from None
     expand = attention_capture.expandable(graph, mod, values)
     if expand:   # nn.MultiheadAttention calls traced again as their parts; kept whole if that fails
         try:
-            expanded, _ = _trace_keeping_state(_tracer(set(leaves), frozenset(expand)), mod, defaults)
+            expanded, _ = _trace_keeping_state(_tracer(set(leaves), frozenset(expand), ShapeFacts(mod, args)), mod,
+                                               defaults)
             graph, values = expanded, shapes(expanded)
         except Exception:
             pass

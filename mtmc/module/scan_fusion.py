@@ -2,7 +2,8 @@
 anchors (module.fx_ops asks here), with the forms around them folded into the one kernel:
 
   * reverse: torch.cumsum(x.flip(d), d).flip(d) (flip or torch.flip, on the scan's dim);
-  * exclusive: torch.cumsum(x, d) - x (the scan minus its own input);
+  * exclusive: torch.cumsum(x, d) - x (the scan minus its own input), or the scan of x shifted by
+    one: torch.cumsum(torch.cat((zeros of one slice, x), d).narrow(d, 0, n), d);
   * masked: torch.cumsum(x * mask, d) with a bool mask of x's shape (read as a bool input);
   * the pointwise ops feeding the scan (prologue) and following it (epilogue), when the scan runs
     over the last dim; a scan over a middle dim reads x's buffer in place ("inner", as reductions).
@@ -19,6 +20,9 @@ from mtmc.module.fx_ops import Anchor, NodeRef, Pointwise, Reject, _arg, q
 SCAN_FUNCTIONS = {q(torch.cumsum): "cumsum", q(torch.cumprod): "cumprod"}
 SCAN_METHODS = ("cumsum", "cumprod")
 FLIPS = {q(torch.flip)}
+CATS = {q(torch.cat), q(torch.concat), q(torch.concatenate)}
+NARROWS = {q(torch.narrow)}
+ZEROS = {q(torch.zeros_like)}
 MULS = {q(operator.mul), q(torch.mul)}
 
 
@@ -54,6 +58,40 @@ def _mask_of(c, ref, shape: list[int]):
         if c.g.tensor(mask) == (shape, "bool") and c.g.tensor(x) is not None and c.g.tensor(x)[0] == shape:
             return x, mask
     return None
+
+
+def _shifted(c, ref, d: int, shape: list[int]):
+    """(x, the nodes of the form) when `ref` is cat((zeros of one slice along d, x), d) cut back to
+    x's length by narrow(d, 0, n): x shifted by one, a zero first (KernelBench's exclusive cumsum)."""
+    if not isinstance(ref, NodeRef) or not _called(c.g, ref.name, NARROWS, "narrow") or len(c.g.users[ref.name]) != 1:
+        return None
+    args, kwargs = c.g.args(ref.name)
+    cat = args[0]
+    cut = [_arg(args, kwargs, 1, "dim"), _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "length")]
+    if not isinstance(cat, NodeRef) or [cut[0] % len(shape) if isinstance(cut[0], int) else None, cut[1]] != [d, 0] \
+            or c.g.number(cut[2]) != shape[d] or not _called(c.g, cat.name, CATS, "cat") or len(c.g.users[cat.name]) != 1:
+        return None
+    cargs, ckw = c.g.args(cat.name)
+    parts, cdim = _arg(cargs, ckw, 0, "tensors"), _arg(cargs, ckw, 1, "dim", 0)
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not isinstance(cdim, int) or cdim % len(shape) != d:
+        return None
+    zeros, x = parts
+    one = list(shape)
+    one[d] = 1
+    zn = c.g.by_name.get(zeros.name) if isinstance(zeros, NodeRef) else None
+    made_zero = zn is not None and ((zn["op"] == "call_function" and zn["target"] in ZEROS)
+                                    or (zn["op"] == "call_method" and zn["target"] in ("zero_", "new_zeros")))
+    if not made_zero or len(c.g.users[zeros.name]) != 1 or not isinstance(x, NodeRef) \
+            or c.g.tensor(zeros) != (one, c.g.tensor(x)[1]) or c.g.tensor(x)[0] != shape:
+        return None
+    covered = [ref.name, cat.name, zeros.name]
+    todo = [a for a in c.g.args(zeros.name)[0] if isinstance(a, NodeRef)] if zn["target"] in ZEROS else []
+    while todo:   # what only made the zeros' shape (x.select(d, 0).unsqueeze(d)) goes with them
+        a = todo.pop()
+        if a.name != x.name and set(c.g.users[a.name]) <= set(covered) and c.g.by_name[a.name]["op"] == "call_method":
+            covered.append(a.name)
+            todo += [b for b in c.g.args(a.name)[0] if isinstance(b, NodeRef)]
+    return x, covered
 
 
 def _classified(c, name: str):
@@ -96,6 +134,12 @@ def classify_call(c, name: str, fn: str | None, args: tuple, kwargs: dict) -> An
         a.params["exclusive"] = True
         a.covers.append(user)
         a.out, a.replaces = user, [user]
+    shifted = _shifted(c, a.x, dim, shape) if op == "cumsum" and not a.params.get("exclusive") \
+        and not a.params.get("reverse") else None
+    if shifted:
+        a.params["exclusive"] = True
+        a.x, covered = shifted
+        a.covers += covered
     masked = _mask_of(c, a.x, shape)
     if masked:
         a.params["masked"] = True

@@ -1,6 +1,7 @@
 """Scans in the forms modules write them: torch.cumsum with a pointwise tail, a reverse cumsum
 (flip, scan, flip), x.cumprod, a masked cumsum (x * a bool mask), an exclusive cumsum (cumsum
-minus x) and a cumsum over a middle dim."""
+minus x, or the cumsum of x shifted by one with a zero first, as KernelBench's exclusive cumsum
+task writes it) and a cumsum over a middle dim."""
 import torch
 import torch.nn as nn
 
@@ -17,7 +18,9 @@ class Model(nn.Module):
         d = torch.cumsum(x * mask, dim=1)
         e = torch.cumsum(y, dim=-1) - y
         f = torch.cumsum(x.reshape(4, 3, -1), dim=1)
-        return a, b, c, d, e, f
+        shifted = torch.cat((torch.zeros_like(y.select(self.dim, 0).unsqueeze(self.dim)), y), dim=self.dim)
+        g = torch.cumsum(shifted.narrow(self.dim, 0, y.size(self.dim)), dim=self.dim)
+        return a, b, c, d, e, f, g
 
 
 batch_size = 12

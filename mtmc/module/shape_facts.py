@@ -1,0 +1,103 @@
+"""Values a trace may take as constants: the sizes, dims, dtypes and devices of the recorded call.
+
+torch.fx traces with proxies, so `assert L == H * W`, `if x.size(1) != C:` or
+`for t in range(x.size(0)):` stop a trace ("control flow on a traced value"), although the
+capture is of one call whose shapes are known.  `ShapeFacts.value(node)` evaluates a traced
+value from the recorded call's arguments when it depends on nothing but their metadata (shape,
+size(), dim(), numel(), ndim, dtype, device, and Python arithmetic on those, of the inputs or
+of tensors computed from them on fake tensors, which have shapes and no data); the trace then
+takes the branch that call took, as torch.export specializes on static shapes.  A value that
+depends on tensor data raises DataDependent, and the trace is refused as before.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect
+import operator
+
+_META_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "is_floating_point"}
+_META_METHODS = {"size", "dim", "numel", "is_floating_point", "is_contiguous"}
+_PURE = {getattr(operator, n) for n in ("add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "eq",
+                                        "ne", "lt", "le", "gt", "ge", "not_", "and_", "or_", "getitem", "index")}
+_PURE |= {builtins.len, builtins.int, builtins.float, builtins.min, builtins.max, builtins.abs}
+
+
+class DataDependent(Exception):
+    """The value depends on tensor data (or on something this module does not evaluate)."""
+
+
+class ShapeFacts:
+    def __init__(self, root, args: list):
+        self.root = root
+        names = [p.name for p in inspect.signature(root.forward).parameters.values()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self.placeholders = dict(zip(names, args))
+        self._memo: dict = {}
+        self.quiet = contextlib.nullcontext   # the tracer's: submodules run as plain calls meanwhile
+
+    def value(self, node):
+        """The node's (non-tensor) value in the recorded call, or DataDependent."""
+        import torch
+        v = self._value(node)
+        if isinstance(v, torch.Tensor):
+            raise DataDependent(node.name)
+        return v
+
+    def _value(self, node):
+        if node not in self._memo:
+            with self.quiet():
+                self._memo[node] = self._evaluate(node)
+        return self._memo[node]
+
+    def _arg(self, a):
+        import torch.fx as fx
+        if isinstance(a, fx.Node):
+            return self._value(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._arg(x) for x in a)
+        if isinstance(a, slice):
+            return slice(self._arg(a.start), self._arg(a.stop), self._arg(a.step))
+        return a
+
+    def _evaluate(self, node):
+        import torch
+        if node.op == "placeholder":
+            if node.target not in self.placeholders:
+                raise DataDependent(node.name)
+            return self.placeholders[node.target]
+        if node.op == "get_attr":   # read without getattr: while tracing, fx hands out proxies for these
+            prefix, _, name = node.target.rpartition(".")
+            owner = self.root.get_submodule(prefix) if prefix else self.root
+            for table in (owner._parameters, owner._buffers, vars(owner)):
+                if table.get(name) is not None:
+                    return table[name]
+            raise DataDependent(node.name)
+        args = [self._arg(a) for a in node.args]
+        kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
+        if node.op == "call_function" and node.target is builtins.getattr and len(args) == 2 \
+                and args[1] in _META_ATTRS and isinstance(args[0], torch.Tensor):
+            return getattr(args[0], args[1])
+        if node.op == "call_method" and node.target in _META_METHODS and isinstance(args[0], torch.Tensor):
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        from torch.utils._pytree import tree_leaves
+        tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]   # torch.cat((a, b))
+        if node.op == "call_function" and node.target in _PURE and not tensors:
+            return node.target(*args, **kwargs)
+        if tensors and node.op in ("call_function", "call_method", "call_module"):
+            if node.op == "call_function":
+                out = node.target(*args, **kwargs)
+            elif node.op == "call_method":
+                out = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                out = self.root.get_submodule(node.target)(*args, **kwargs)
+            # a tensor keeps its data to itself (only metadata reads above turn it into a fact); a
+            # Python value is a fact only when no data went into it (fake tensors have none)
+            if isinstance(out, torch.Tensor) or all(_fake(t) for t in tensors):
+                return out
+        raise DataDependent(node.name)
+
+
+def _fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
