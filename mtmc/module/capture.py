@@ -239,14 +239,23 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
         """A proxy that a size of the recorded call may stand in for where Python needs an int
         (range(x.size(0)), a list's length): module.shape_facts."""
 
-        def __index__(self):
+        def _fact(self, kinds: tuple):
             try:
                 v = facts.value(self.node) if facts else None
             except DataDependent:
                 v = None
-            if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, bool) or not isinstance(v, kinds):
                 raise TypeError("'Proxy' object cannot be interpreted as an integer")
             return v
+
+        def __index__(self):
+            return self._fact((int,))
+
+        def __int__(self):   # Swin's B = int(windows.shape[0] / (H * W / ws / ws))
+            return int(self._fact((int, float)))
+
+        def __float__(self):
+            return float(self._fact((int, float)))
 
     class Tracer(fx.Tracer):
         """fx's tracer that keeps `leaves` opaque, traces the MultiheadAttention calls in
@@ -415,6 +424,8 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     try:
         values = shapes(graph)
     except Exception as e:   # the traced graph does not run on the recorded call: its parts are tried
+        if _fake_limit(e):   # ... unless fake tensors are the reason: the capture runs again on real ones
+            raise
         raise Untraceable(where(e, path), _reason(e)) from None
     expand = attention_capture.expandable(graph, mod, values)
     if expand:   # nn.MultiheadAttention calls traced again as their parts; kept whole if that fails
@@ -438,6 +449,19 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
         if line:
             line_of[n.name] = line
     return {"path": prefix, "nodes": nodes, "modules": modules, "line_of": line_of}, list(leaves.values())
+
+
+def _fake_limit(e: BaseException) -> bool:
+    """An error of fake tensors themselves (a value read from data, an output shape that depends on
+    it), here or as the cause of a ShapeProp error."""
+    from torch._subclasses import fake_tensor
+    kinds = (fake_tensor.DataDependentOutputException, fake_tensor.DynamicOutputShapeException,
+             fake_tensor.UnsupportedFakeTensorException)
+    while e is not None:
+        if isinstance(e, kinds):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def capture_graphs(model, inputs: list, calls: dict, path: str) -> tuple[list[dict], list[dict]]:

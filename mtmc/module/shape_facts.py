@@ -5,7 +5,7 @@ torch.fx traces with proxies, so `assert L == H * W`, `if x.size(1) != C:` or
 capture is of one call whose shapes are known.  `ShapeFacts.value(node)` evaluates a traced
 value from the recorded call's arguments when it depends on nothing but their metadata (shape,
 size(), dim(), numel(), ndim, dtype, device, and Python arithmetic on those, of the inputs or
-of tensors computed from them on fake tensors, which have shapes and no data); the trace then
+of tensors computed from them, on fake copies, which have shapes and no data); the trace then
 takes the branch that call took, as torch.export specializes on static shapes.  A value that
 depends on tensor data raises DataDependent, and the trace is refused as before.
 """
@@ -46,8 +46,13 @@ class ShapeFacts:
 
     def _value(self, node):
         if node not in self._memo:
-            with self.quiet():
-                self._memo[node] = self._evaluate(node)
+            try:
+                with self.quiet():
+                    self._memo[node] = self._evaluate(node)
+            except DataDependent:
+                raise
+            except Exception as e:   # an op that needs data (fake tensors refuse), or fails here
+                raise DataDependent(f"{node.name}: {type(e).__name__}") from None
         return self._memo[node]
 
     def _arg(self, a):
@@ -80,22 +85,30 @@ class ShapeFacts:
             return getattr(args[0], args[1])
         if node.op == "call_method" and node.target in _META_METHODS and isinstance(args[0], torch.Tensor):
             return getattr(args[0], node.target)(*args[1:], **kwargs)
-        from torch.utils._pytree import tree_leaves
+        from torch.utils._pytree import tree_leaves, tree_map
         tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]   # torch.cat((a, b))
         if node.op == "call_function" and node.target in _PURE and not tensors:
             return node.target(*args, **kwargs)
-        if tensors and node.op in ("call_function", "call_method", "call_module"):
+        mode = _fake_mode(tensors)
+        if mode is not None and node.op in ("call_function", "call_method", "call_module"):
+            # on fake copies only: no data goes into the value, and an in-place op (a BatchNorm's
+            # running statistics) changes no real tensor of the model
+            fake = lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) and not _fake(t) else t  # noqa: E731
+            args, kwargs = tree_map(fake, (args, kwargs))
             if node.op == "call_function":
-                out = node.target(*args, **kwargs)
-            elif node.op == "call_method":
-                out = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                out = self.root.get_submodule(node.target)(*args, **kwargs)
-            # a tensor keeps its data to itself (only metadata reads above turn it into a fact); a
-            # Python value is a fact only when no data went into it (fake tensors have none)
-            if isinstance(out, torch.Tensor) or all(_fake(t) for t in tensors):
-                return out
+                return node.target(*args, **kwargs)
+            if node.op == "call_method":
+                return getattr(args[0], node.target)(*args[1:], **kwargs)
+            sub = self.root.get_submodule(node.target)
+            state = {n: fake(t) for n, t in [*sub.named_parameters(), *sub.named_buffers()]}
+            return torch.func.functional_call(sub, state, tuple(args), kwargs)
         raise DataDependent(node.name)
+
+
+def _fake_mode(tensors: list):
+    """The FakeTensorMode of the capture (none when it runs on real tensors: then nothing is run)."""
+    from torch._guards import detect_fake_mode
+    return next((t.fake_mode for t in tensors if _fake(t)), None) or detect_fake_mode()
 
 
 def _fake(t) -> bool:

@@ -15,7 +15,8 @@ class Block(nn.Module):
         assert L == self.h * self.w, "input feature has wrong size"
         if x.device != self.fc.weight.device:
             raise ValueError("device")
-        y = self.fc(x.view(B, self.h, self.w, C)).view(B, L, C)
+        n = int(x.shape[0] * L / (self.h * self.w))   # Swin's window_reverse: int() of a size ratio
+        y = self.fc(x.view(B, self.h, self.w, C)).view(n, L, C)
         if mask is not None:
             y = y + mask
         return torch.relu(y)
