@@ -38,8 +38,11 @@ class Model(nn.Module):
         return x.sum(dim=1) * 0.5, h
 
 
+batch_size, seq_len = 2, 3
+
+
 def get_inputs():
-    return [torch.randn(2, 6, 8), torch.randn(3, 2, 8)]
+    return [torch.randn(batch_size, 6, 8), torch.randn(seq_len, batch_size, 8)]
 
 
 def get_init_inputs():

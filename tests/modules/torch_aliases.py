@@ -17,8 +17,11 @@ class Model(nn.Module):
         return torch.absolute(torch.negative(x)).negative()
 
 
+batch_size, size = 2, 10
+
+
 def get_inputs():
-    return [torch.randn(2, 3, 10, 10), torch.randn(2, 8, 8, 8)]
+    return [torch.randn(batch_size, 3, size, size), torch.randn(batch_size, 8, size - 2, size - 2)]
 
 
 def get_init_inputs():
