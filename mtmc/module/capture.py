@@ -261,6 +261,7 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
         """fx's tracer that keeps `leaves` opaque, traces the MultiheadAttention calls in
         `expand` as their parts (module.attention_capture), and tags a failure with the innermost
         submodule whose forward raised it."""
+        evaluating = 0   # > 0 while shape_facts runs a submodule (untraced)
 
         def proxy(self, node):
             return SizedProxy(node, self)
@@ -282,19 +283,19 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
         @contextlib.contextmanager
         def untraced(self):
             """While shape_facts runs a submodule on fake tensors: plain calls, no proxies."""
-            self.evaluating = getattr(self, "evaluating", 0) + 1
+            self.evaluating += 1
             try:
                 yield
             finally:
                 self.evaluating -= 1
 
         def getattr(self, attr, attr_val, parameter_proxy_cache):
-            if getattr(self, "evaluating", 0):
+            if self.evaluating:
                 return attr_val
             return super().getattr(attr, attr_val, parameter_proxy_cache)
 
         def call_module(self, m, forward, args, kwargs):
-            if getattr(self, "evaluating", 0):
+            if self.evaluating:
                 return forward(*args, **kwargs)
             if expand and self.path_of_module(m) in expand:
                 forward = expanded_forward(m)
@@ -424,7 +425,7 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     try:
         values = shapes(graph)
     except Exception as e:   # the traced graph does not run on the recorded call: its parts are tried
-        if _fake_limit(e):   # ... unless fake tensors are the reason: the capture runs again on real ones
+        if _needs_data(e):   # ... unless fake tensors are the reason: the capture runs again on real ones
             raise
         raise Untraceable(where(e, path), _reason(e)) from None
     expand = attention_capture.expandable(graph, mod, values)
@@ -451,14 +452,10 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     return {"path": prefix, "nodes": nodes, "modules": modules, "line_of": line_of}, list(leaves.values())
 
 
-def _fake_limit(e: BaseException) -> bool:
-    """An error of fake tensors themselves (a value read from data, an output shape that depends on
-    it), here or as the cause of a ShapeProp error."""
-    from torch._subclasses import fake_tensor
-    kinds = (fake_tensor.DataDependentOutputException, fake_tensor.DynamicOutputShapeException,
-             fake_tensor.UnsupportedFakeTensorException)
+def _needs_data(e: BaseException | None) -> bool:
+    """Fake tensors' own failure (NEEDS_DATA), here or as the cause of a ShapeProp error."""
     while e is not None:
-        if isinstance(e, kinds):
+        if type(e).__name__ in NEEDS_DATA:
             return True
         e = e.__cause__ or e.__context__
     return False

@@ -136,24 +136,26 @@ def truth_judge(ns: dict, task: dict, inputs, where, precision: str = "float64")
     return lambda out: judge(task["dtype"], out.to(where), ref, scale)
 
 
-def _reference_verdict(ns: dict, task: dict, out, inputs) -> tuple[bool, str, float, float]:
+def _reference_verdict(ns: dict, task: dict, out, inputs) -> tuple[bool, str, float, float, str]:
     """The family's float64 reference (or its own compare) where the data is (a multi-GB check on
     the host took minutes); where that does not fit the device, the fp32 reference there (the
-    device's other tenants, the guard's sessions, hold memory too), and the host only last."""
+    device's other tenants, the guard's sessions, hold memory too), and the host only last.  The
+    last item names the fallback that judged ("" for the first choice)."""
     import torch
-    tries = [(out.device, "float64")] + ([(out.device, "float32"), ("cpu", "float64")] if out.device.type != "cpu" else [])
-    for i, (where, precision) in enumerate(tries):
+    tries = [(out.device, "float64")]
+    if out.device.type != "cpu":
+        tries += [(out.device, "float32"), (torch.device("cpu"), "float64")]
+    for where, precision in tries:
         try:
-            ok, reason, max_abs, max_rel = truth_judge(ns, task, inputs, where, precision)(out)
+            verdict = truth_judge(ns, task, inputs, where, precision)(out)
+            break
         except torch.cuda.OutOfMemoryError:
-            if i == len(tries) - 1:
+            if (where, precision) == tries[-1]:
                 raise
             torch.cuda.empty_cache()
-            continue
-        if i:
-            reason += f" ({precision} reference on the {'GPU' if where != 'cpu' else 'host'}: float64 does not fit the GPU)"
-        return ok, reason, max_abs, max_rel
-    raise AssertionError("unreachable")
+    fallback = "" if (where, precision) == tries[0] else \
+        f" ({precision} reference on the {'host' if where.type == 'cpu' else 'GPU'}: float64 does not fit the GPU)"
+    return (*verdict, fallback)
 
 
 # Inputs larger than this are not copied to check that the kernel left them alone: a checksum of
@@ -195,7 +197,7 @@ def check(task: dict, source: str, dims: dict | None = None, device: str = "cpu"
     if not hasattr(module, "launch"):
         return CheckResult(False, "the kernel source defines no launch(*inputs, out)", dims=dims, device=device)
     ns = reference_namespace(task)
-    worst_abs, worst_rel, reason = 0.0, 0.0, ""
+    worst_abs, worst_rel, fallback = 0.0, 0.0, ""
     for _ in range(trials):
         seed = int.from_bytes(os.urandom(6), "little")
         inputs = make_inputs(task, dims, device, seed)
@@ -208,12 +210,10 @@ def check(task: dict, source: str, dims: dict | None = None, device: str = "cpu"
             if not _unchanged(x, x0):
                 return CheckResult(False, f"input {i} was modified by the kernel", dims=dims, device=device, trials=_ + 1)
         del before
-        ok, reason, max_abs, max_rel = _reference_verdict(ns, task, out, inputs)
+        ok, reason, max_abs, max_rel, fallback = _reference_verdict(ns, task, out, inputs)
         worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
         if not ok:
-            return CheckResult(False, reason, max_abs, max_rel, _ + 1, dims, device)
-    fallback = reason.endswith("does not fit the GPU)")
-    what = "reference on" if fallback else "float64 reference on"
-    where = reason[reason.index(" ("):] if fallback else ""
-    return CheckResult(True, f"matches the {what} {trials} fresh random inputs{where}",
+            return CheckResult(False, reason + fallback, max_abs, max_rel, _ + 1, dims, device)
+    what = "reference" if fallback else "float64 reference"
+    return CheckResult(True, f"matches the {what} on {trials} fresh random inputs{fallback}",
                        worst_abs, worst_rel, trials, dims, device)

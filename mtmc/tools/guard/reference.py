@@ -139,8 +139,9 @@ def _float64(model, model64, inputs, eager, device) -> tuple[list | None, str]:
 
 def _mode(model) -> tuple[str, list, bool]:
     """("train", or "eval" when Model is random in training mode (dropout): two runs of a copy on
-    the same inputs differ; notes on the inputs; whether a floating input is drawn non-negative).  Random even in eval mode, no output can be
-    checked; a Model that rejects the interpreter's cut batch cannot be checked here either."""
+    the same inputs differ; notes on the inputs; whether a floating input is drawn non-negative).
+    Random even in eval mode, no output can be checked; a Model that rejects the interpreter's
+    cut batch cannot be checked here either."""
     import torch
     probe = copy.deepcopy(model)  # probing must not move the running statistics handed over
     inputs, cut = _draw(VARIANTS[0])
