@@ -633,3 +633,17 @@ def test_capturing_in_this_process_keeps_its_network():
     client = socket.create_connection(server.getsockname(), timeout=5)
     client.close()
     server.close()
+
+
+def test_no_time_skips_the_end_to_end_timing_child(monkeypatch):
+    """`optimize --no-time` (the benchmark's, which times ModelNew itself) must not start the
+    timing child: it cost 12-17 s a KernelBench task on the H100 for numbers nobody read."""
+    from types import SimpleNamespace
+    from mtmc.agents import module_flow, module_steps
+    started = []
+    monkeypatch.setattr(module_steps, "time_in_child", lambda *a, **k: started.append(a) or {"measured": True})
+    state = {"gpu": True, "check": {"status": "passed"}, "out_path": "new.py"}
+    got = module_flow.time_it(state, SimpleNamespace(context=Context(time_module=False)))
+    assert not started and not got["timing"]["measured"] and "--no-time" in got["timing"]["error"]
+    module_flow.time_it(state, SimpleNamespace(context=Context()))
+    assert len(started) == 1   # and the default still times it

@@ -17,6 +17,7 @@ class Context:
     llm: object | None = None     # an optional chat model (mtmc.tools.llm): the parser role (request.llm_parse)
     compile_baseline: bool = True  # also time torch.compile (one compile per run); module groups skip it
     planner: str = "policy"       # "policy" (the learned one) or "baseline"; MTMC_PLANNER overrides it
+    time_module: bool = True      # time ModelNew end to end after its check (the benchmark times it itself)
 
 
 def known_target(target: str) -> bool:

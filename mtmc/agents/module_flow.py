@@ -337,6 +337,8 @@ def time_it(state: ModuleState, runtime: Runtime[Context]) -> dict:
         return {"timing": None}
     if state["check"].get("model_own_code"):   # no kernel, no rewrite: 1.00x by construction
         return {"timing": {"measured": False, "error": "not timed: no Triton kernel (ModelNew is Model's own code)"}}
+    if not runtime.context.time_module:
+        return {"timing": {"measured": False, "error": "not timed: --no-time (the caller times ModelNew)"}}
     timing = steps.time_in_child(state["out_path"], runtime.context.timeout_s)
     emit(E.build("module_time", **timing))
     return {"timing": timing}

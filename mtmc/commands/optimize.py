@@ -65,7 +65,8 @@ def cmd_optimize(args) -> int:
         return 2
     if not known_target(args.target):
         return 2
-    ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout)
+    ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout,
+                  time_module=not args.no_time)
     log = sys.stderr if args.json else sys.stdout
     print(isolation.status().line(), file=sys.stderr)
     summary = optimize_module(args.model, ctx, args.out, args.report, on_event=printer(log))
@@ -87,6 +88,8 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=int, default=8, help="planner moves per fusion group after its first draft")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds for one verification or module check")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument("--no-time", action="store_true",
+                   help="skip the end-to-end timing of ModelNew against eager and torch.compile (for callers that time it)")
     p.add_argument("--redo", action="store_true", help="for a folder: optimize modules already recorded in OUTDIR again")
     add_cluster_args(p)
     p.set_defaults(func=cmd_optimize)
