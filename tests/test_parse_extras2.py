@@ -47,3 +47,22 @@ def test_two_tensor_formulas_are_one_chain(text, chain):
 
 def test_bench_row_parses():
     assert all(parse_request(t).spec is not None for t in EXTRAS2_TASKS)
+
+
+@pytest.mark.parametrize("text, dims, inner", [
+    # "the middle dim" was ignored and the max ran over the last dim, silently
+    ("max over the middle dim of a 128x4096x4095 float32 tensor", {"M": 128 * 4095, "N": 4096}, 4095),
+    ("sum over the second dim of a 16x256x64 tensor", {"M": 16 * 64, "N": 256}, 64),
+    ("softmax over the middle dim of a 8x16x32 tensor", {"M": 256, "N": 16}, 32),
+    ("mean along the third dimension of a 4x8x16x2 tensor", {"M": 64, "N": 16}, 2),
+])
+def test_ordinal_and_middle_dims(text, dims, inner):
+    spec = parse_request(text).spec
+    assert spec is not None and spec.dims == dims and spec.params.get("inner") == inner
+
+
+@pytest.mark.parametrize("text", ["max over the middle dim of a 8x16x32x64 tensor",
+                                  "sum over the middle dim of a 128x4096 tensor"])
+def test_the_middle_dim_of_other_ranks_is_refused(text):
+    got = parse_request(text)
+    assert got.spec is None and "ambiguous" in got.message

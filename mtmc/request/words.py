@@ -249,6 +249,11 @@ _OTHER_AXES = [  # (pattern, how the message names that axis); all refused by _c
      r"|global(?:ly)?|full\s+reduction|to\s+a\s+(?:single\s+)?scalar)\b", "all elements"),
 ]
 _AXIS_NUMBER = r"\b(?:dim|axis|dimension)\s*(?:=|:)?\s*(?P<d>-?\d+)(?!\w|\.\d)"
+# "over the second dim" is dim 1; "the middle dim" is dim 1 of a 3-d tensor only (resolved with
+# the shape, refused elsewhere): both were ignored, and the op silently ran over the last dim
+_ORDINALS = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4, "middle": "middle"}
+_AXIS_ORDINAL = (r"\b(?:over|along|across)\s+(?:the\s+)?(?P<o>second|third|fourth|fifth|middle)\s+"
+                 r"(?:dim\w*|axis)\b")
 
 
 _ROW_OP = r"\brows?(?=[\s_-]+(?:sums?|means?|max\w*|min\w*|arg[\s_-]?(?:max|min)|averages?|reduc\w*)\b)"
@@ -264,15 +269,27 @@ def _read_axis(ctx: _Ctx) -> None:
     for pattern, where in _OTHER_AXES:
         if ctx.take(pattern):
             ctx.reduce_dim = where
+    for m in ctx.take(_AXIS_ORDINAL):
+        ctx.reduce_dim = _ORDINALS[m.group("o")]
     for m in ctx.take(_AXIS_NUMBER):
         ctx.reduce_dim = int(m.group("d"))
     if ctx.reduce_dim is not None:
         ctx.understood["axis"] = ctx.reduce_dim
 
 
+def middle_dim(ctx: _Ctx, ndim: int):
+    """The request's axis with "the middle dim" made a number: dim 1 of a 3-d tensor; of any
+    other rank it has no one meaning and is refused."""
+    if ctx.reduce_dim != "middle":
+        return ctx.reduce_dim
+    if ndim != 3:
+        raise _Fail(f"'the middle dim' of a {ndim}-d tensor is ambiguous; name it by number (e.g. 'over dim 1').")
+    return 1
+
+
 def _check_axis(ctx: _Ctx, ndim: int, what: str) -> None:
     """Row ops work along the last dim; anything else is refused, never silently transposed."""
-    d = ctx.reduce_dim
+    d = middle_dim(ctx, ndim)
     if d is None or d == "last":
         return
     if isinstance(d, int) and -ndim <= d < ndim and d % ndim == ndim - 1:
