@@ -56,14 +56,14 @@ def test_a_lost_conv_keeps_cudnn_and_its_tail_is_fused_on_its_own(tmp_path):
 def test_groups_that_won_or_have_no_tail_are_left_alone():
     state = planned("conv_bias_act.py")
     state["outcomes"] = {str(g["id"]): {"status": "kernel"} for g in state["groups"]}
-    assert module_flow.regroup(state) == {"library": []}
+    assert module_flow.regroup(state) == {"library": [], "outcomes": {}}
     assert module_flow.fan_out_regrouped({**state, "library": []}) == "assemble"
     # conv_block: a lone conv2d (group 1) lost, the two convs with tails won: nothing to split
     block = planned("conv_block.py")
     assert [len(g["ops"]) for g in block["groups"]] == [3, 1, 3]
     block["outcomes"] = {"0": {"status": "kernel"}, "1": {"status": "fallback", "reason": LOST},
                          "2": {"status": "kernel"}}
-    assert module_flow.regroup(block) == {"library": []}
+    assert module_flow.regroup(block) == {"library": [], "outcomes": {}}
     # the transposed conv lost too: only it is split, groups 0 and 1 keep their ids and outcomes
     block["outcomes"]["2"] = {"status": "fallback", "reason": LOST}
     out = module_flow.regroup(block)
@@ -202,3 +202,36 @@ def test_the_layout_probe_builds_the_captured_conv():
     assert isinstance(conv, torch.nn.Conv2d) and conv.bias is None
     conv_node = next(n for n in cap["graphs"][0]["nodes"] if n["name"] == "conv")
     assert list(conv(x).shape) == conv_node["value"]["tensor"]["shape"]
+
+
+WON = {"status": "kernel", "measured": True, "time_ms": 1.22, "eager_ms": 2.99, "reason": "the catalog serves it"}
+
+
+@pytest.mark.parametrize("library_ms, pays", [(0.40, True), (1.20, False)])
+def test_a_conv_kernel_that_won_still_weighs_cudnn_with_its_tail_fused(monkeypatch, library_ms, pays):
+    """L2 57 on the H100: our conv with its tail beat eager (1.22 against 2.99 ms) and so was kept,
+    while torch.compile (cuDNN's conv, then one fused tail) ran 0.80 ms.  The library conv's
+    measured time plus the tail's estimate is now weighed against our group's measured time."""
+    monkeypatch.setattr(module_steps, "measure_layout",
+                        lambda desc, conv: {**TF32_ONLY_CHANNELS_LAST, "nchw_ms": library_ms})
+    state = {**planned("conv_bias_act.py"), "gpu": True}
+    (conv,) = state["groups"]
+    state["outcomes"] = {str(conv["id"]): dict(WON)}
+    out = module_flow.regroup(state)
+    decision = out["outcomes"][str(conv["id"])]["library_decision"]
+    assert f"cuDNN's conv {library_ms:.3f} ms (measured)" in decision and "1.220 ms (measured)" in decision
+    if not pays:   # ours stays: no split, and the report keeps the numbers it was weighed by
+        assert out["library"] == [] and out["outcomes"][str(conv["id"])]["status"] == "kernel"
+        assert decision.startswith("our conv kernel stays")
+        return
+    assert out["outcomes"][str(conv["id"])]["status"] == "fallback"
+    assert out["outcomes"][str(conv["id"])]["reason"].startswith("the library conv with a fused tail is faster")
+    (tail,) = [Group.from_dict(g) for g in out["groups"]]
+    assert tail.family == "elementwise" and [e["group"] for e in out["library"]] == [conv["id"]]
+
+
+def test_the_library_decision_needs_a_measured_kernel_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(module_steps, "measure_layout", lambda desc, conv: pytest.fail("probed off a GPU"))
+    state = planned("conv_bias_act.py")   # gpu False
+    state["outcomes"] = {str(g["id"]): dict(WON) for g in state["groups"]}
+    assert module_flow.regroup(state) == {"library": [], "outcomes": {}}

@@ -53,8 +53,10 @@ from mtmc.kernels.catalog import describe
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module import graph_stage
 from mtmc.module.graph_stage import layout
+from mtmc.module.graph_stage import library as library_anchor
 from mtmc.module.custom_groups import custom_groups
 from mtmc.module.fusion import LIBRARY_FAMILIES, Group, Partition, partition
+from mtmc.tools.hardware import resolve
 
 MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
 
@@ -196,26 +198,41 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     return {"outcomes": {str(g.id): outcome}}
 
 
-def regroup(state: ModuleState) -> dict:
+def regroup(state: ModuleState, runtime: Runtime[Context] | None = None) -> dict:
     """A conv or matmul group whose kernel lost to PyTorch (or never passed) keeps its anchor in
     PyTorch's library kernel (cuDNN, cuBLAS) and gives up its tail: the plan is made again with
     those anchors pinned, so the pointwise chain (or norm, reduction) that followed becomes a group
     of its own, one pass instead of PyTorch's one per op (what torch.compile does around an
-    extern conv).  Once per run: the second pass's groups are not split again."""
+    extern conv).  A conv group whose kernel won goes the same way where cuDNN's conv plus its tail
+    fused on its own is predicted faster (graph_stage.library).  Once per run: the second pass's
+    groups are not split again."""
     if state.get("library") is not None:
         return {}
     outcomes, before = _outcomes_by_id(state), _groups(state)
     pins: dict[str, dict[str, str]] = {}
-    library = []
+    library, changed = [], {}   # changed: outcomes the library decision touched
     for g in before:
         o = outcomes.get(g.id, {})
-        if g.family in LIBRARY_FAMILIES and o.get("status") == "fallback" and len(g.ops) > 1:
+        if g.family not in LIBRARY_FAMILIES or len(g.ops) < 2:
+            continue
+        if o.get("status") == "fallback":
             why = (f"kept in PyTorch's library kernel (group {g.id}: {o.get('reason', 'no kernel')}); "
                    "what followed it is fused on its own")
-            pins.setdefault(g.graph, {}).update({n: why for n in g.nodes})
-            library.append({"graph": g.graph, "group": g.id, "ops": g.ops, "why": why})
+        else:
+            decided = _library_pays(state, g, o, pins, runtime.context.target if runtime else "auto")
+            if decided is None:
+                continue
+            pays, why = decided
+            outcomes[g.id] = {**o, "library_decision": why}
+            changed[str(g.id)] = outcomes[g.id]
+            if not pays:
+                continue
+            outcomes[g.id].update(status="fallback", reason=why)
+            emit(E.GroupFallback(group=g.id, reason=why))
+        pins.setdefault(g.graph, {}).update({n: why for n in g.nodes})
+        library.append({"graph": g.graph, "group": g.id, "ops": g.ops, "why": why})
     if not pins:
-        return {"library": []}
+        return {"library": [], "outcomes": changed}
     out = _library_layout(state, [g for g in before if g.id in {x["group"] for x in library}])
     captured = out.get("captured", state["captured"])
     # the second plan keeps the custom groups already made (and run), with their ids
@@ -231,7 +248,32 @@ def regroup(state: ModuleState) -> dict:
         groups.append(same or g)
     emit(E.Partitioned(groups=[{"id": g.id, "ops": g.ops, "family": g.family} for g in groups],
                        torch_ops=part.torch_ops))
-    return {**out, "groups": [g.to_dict() for g in groups], "torch_ops": part.torch_ops, "library": library}
+    return {**out, "groups": [g.to_dict() for g in groups], "torch_ops": part.torch_ops, "library": library,
+            "outcomes": changed}
+
+
+def _library_pays(state: ModuleState, g: Group, o: dict, pins: dict, target: str) -> tuple[bool, str] | None:
+    """Whether a conv group whose kernel won against eager goes to cuDNN with its tail fused on
+    its own (graph_stage.library), and why; None where the question does not arise: off a GPU,
+    the group unmeasured, a conv the layout probe cannot time, a tail the catalog does not serve
+    whole."""
+    if not (state.get("gpu") and o.get("status") == "kernel" and o.get("measured") and o.get("time_ms")):
+        return None
+    desc = next(d for d in state["captured"]["graphs"] if d.get("path", "") == g.graph)
+    conv = layout.conv_of(desc, g.nodes)
+    if conv is None:
+        return None
+    measured = steps.measure_layout(desc, conv)
+    if "nchw_ms" not in measured:
+        return None
+    trial = partition(state["captured"], library={**pins, g.graph: {**pins.get(g.graph, {}), conv: "trial"}})
+    tail = [t for t in trial.groups if t.graph == g.graph and set(t.nodes) <= set(g.nodes)]
+    if {n for t in tail for n in t.nodes} != set(g.nodes) - {conv}:
+        return None   # part of the tail would be left to PyTorch: not this decision's case
+    est = library_anchor.tail_ms([KernelSpec.from_dict(t.spec) for t in tail], resolve(target))
+    if est is None:
+        return None
+    return library_anchor.judge(o["time_ms"], measured["nchw_ms"], est)
 
 
 def _library_layout(state: ModuleState, kept: list[Group]) -> dict:

@@ -23,6 +23,7 @@ def summary_json(file: str, out: str, status: str, captured: dict, part, outcome
             "config": o.get("config"), "correctness": corr.get("reason"), "max_rel_err": corr.get("max_rel_err"),
             "time_before_ms": o.get("eager_ms"), "time_after_ms": o.get("time_ms"),
             "compile_ms": o.get("compile_ms"), "measured": bool(o.get("measured")), "notes": g.notes,
+            "library_decision": o.get("library_decision"),
         })
     return {"status": status, "file": file, "out": out, "gpu": gpu, "groups": groups,
             "torch_ops": part.torch_ops, "uncaptured": captured.get("problems", []),
@@ -93,6 +94,8 @@ def _group_row(g: dict, gpu: bool) -> str:
         kernel = f"Triton {g['family']}/{g['op']} ({cfg})"
         if g.get("same_as") is not None:
             kernel += f", same kernel as group {g['same_as']}"
+        if g.get("library_decision"):   # cuDNN with the tail on its own was weighed against it
+            kernel += f"; {g['library_decision']}"
     else:
         kernel = f"PyTorch (fallback: {g['reason']})"
     corr = g["correctness"] or "-"
