@@ -521,6 +521,10 @@ def task_table(records: list[dict]) -> list[str]:
         note = opt.get("message") or (ev.get("message") if ev.get("status") != "ok" else "") or ""
         if ev and ev.get("status") != "ok":
             note = f"eval {ev.get('status')}: {note}"
+        wide = ev.get("float64") or {}
+        if "new" in wide:   # off at 1e-4: which of the two is off from the float64 Model
+            note = (f"against float64 Model: ModelNew {wide['new']:.1e}, Model {wide['model']:.1e} of the largest value"
+                    + (f"; {note}" if note else ""))
         mode = f" ({r['compile_mode']})" if r.get("compile_mode") else ""
         out.append(f"| {r['task']} | {opt.get('status')} | {_f(opt.get('seconds'), 0)} | {opt.get('kernels')} / "
                    f"{opt.get('groups')} | {yes(r.get('correct_1e-2'))} | {yes(r.get('correct_1e-4'))} "
