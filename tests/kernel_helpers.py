@@ -3,6 +3,7 @@
   template_kernels(groups)  each module group's family template at its default config
   compile_defaults(specs)   sm_90 resource reports of each spec's default config
   compile_configs(items)    sm_90 resource reports of given (spec, config) pairs
+  assert_groups_compile(groups)  each module group's default kernel compiles for sm_90, in limits
 """
 from __future__ import annotations
 
@@ -65,3 +66,13 @@ def compile_configs(items: dict) -> dict:
                           text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_groups_compile(groups) -> None:
+    """Each module group's kernel at its default config compiles for sm_90 with no error and no
+    resource limit broken (one child for all of them)."""
+    reports = compile_defaults({f"group {g.id} ({g.spec['op']})": g.spec for g in groups})
+    for name, report in reports.items():
+        errors = [f"{k['name']}: {k['error']}" for k in report["kernels"] if k["error"]]
+        assert report["kernels"] and not errors, f"{name}: {errors}"
+        assert report["violations"] == [], f"{name}: {report['violations']}"

@@ -217,6 +217,7 @@ def test_default_configs_compile_for_sm90_without_spills_and_within_shared_memor
     ("conv_transpose2d", {"params": {"output_padding": [2, 0]}}, "output_padding"),
     ("conv2d", {"params": {"output_padding": [0, 0]}}, "transposed convs only"),
     ("conv2d", {"params": {"epilogue": [{"op": "add", "every": 2, "period": 3}]}}, "periodic"),
+    ("conv2d", {"params": {"epilogue": [{"op": "mul", "channel": True, "scalar": True}]}}, "not both"),
     ("conv2d", {"params": {"stride": [0, 1]}}, "stride"),
     ("conv2d", {"params": {"allow_tf32": True}, "dtype": "float16"}, "allow_tf32"),
     ("conv2d", {"op": "conv4d"}, "no op"),

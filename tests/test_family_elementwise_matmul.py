@@ -202,12 +202,30 @@ def test_elementwise_periodic_operand_read_at_the_wrong_place_is_rejected():
     assert wrong != source and not check(spec, wrong, spec.dims, device="cpu").ok
 
 
+def test_one_value_operands_are_loaded_once_in_chains_and_split_k_epilogues():
+    """A {"scalar": true} step (a 0-d parameter) reads a [1] input with one load, no offsets:
+    in a chain, and in the split-K reduction that applies a matmul's epilogue."""
+    ew = KernelSpec("elementwise", "chain", {"M": 9, "N": 70}, "float16",
+                    {"chain": [{"op": "mul", "scalar": True},
+                               {"op": "maximum", "scalar": True, "pre": [{"op": "neg"}]}]})
+    mm = KernelSpec("matmul", "matmul", {"M": 20, "N": 24, "K": 250}, "float32",
+                    {"epilogue": [{"op": "bias"}, {"op": "sub", "scalar": True}, {"op": "relu"}]})
+    for spec, config, name in ((ew, ELEMENTWISE.default_config(ew, H200), "mul0"),
+                               (mm, matmul_config(SPLIT_K=4), "sub1")):
+        assert [a.shape for a in catalog.family_of(spec).inputs(spec) if a.name == name] == [(1,)]
+        assert f"{name} = tl.load({name}_ptr).to(tl.float32)" in catalog.family_of(spec).render(spec, config)
+        assert_matches_torch(spec, config)
+    assert MATMUL.work(mm)[1] == 4 * (20 * 250 + 250 * 24 + 20 * 24 + 24 + 1)   # the operand is one value
+
+
 # -- the plain-data parts -------------------------------------------------------------------
 @pytest.mark.parametrize("params, match", [
     ({}, "non-empty"), ({"chain": []}, "non-empty"), ({"chain": [{"op": "wiggle"}]}, "unknown pointwise op"),
     ({"chain": [{"op": "scale"}]}, "numeric 'value'"),
     ({"chain": [{"op": "relu", "every": 2, "period": 3}]}, "periodic"),
     ({"chain": [{"op": "add", "every": 0, "period": 3}]}, "periodic"),
+    ({"chain": [{"op": "relu", "scalar": True}]}, "one-value"),
+    ({"chain": [{"op": "add", "scalar": True, "every": 1, "period": 3}]}, "one-value"),
 ])
 def test_elementwise_validate_rejects_bad_chains(params, match):
     with pytest.raises(ValueError, match=match):

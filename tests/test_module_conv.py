@@ -12,7 +12,7 @@ from mtmc.module.assemble import assemble
 from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
 from mtmc.tools.loader import load_file
-from kernel_helpers import template_kernels
+from kernel_helpers import assert_groups_compile, template_kernels
 
 MODULES = Path(__file__).parent / "modules"
 
@@ -24,8 +24,10 @@ def captured_source(tmp_path, source: str, name: str = "model.py"):
     return cap, partition(cap)
 
 
-def assert_model_new_matches(tmp_path, source: str, cap, part) -> None:
-    """ModelNew with every group's template kernel at its default config: Model's outputs."""
+def assert_model_new_matches(tmp_path, source: str, cap, part, changed: dict | None = None) -> None:
+    """ModelNew with every group's template kernel at its default config: Model's outputs; and
+    again once `changed` (state_dict entries, new values) is loaded into both, which a kernel
+    that baked a parameter's value into its source would miss."""
     out = tmp_path / "new_model.py"
     out.write_text(assemble(source, cap, part.groups, template_kernels(part.groups)))
     m = load_file(out, f"conv_new_{abs(hash(source))}")
@@ -33,8 +35,17 @@ def assert_model_new_matches(tmp_path, source: str, cap, part) -> None:
     model, new = m.Model(*m.get_init_inputs()), m.ModelNew(*m.get_init_inputs())
     new.load_state_dict(model.state_dict())
     inputs = m.get_inputs()
-    with torch.no_grad():
-        torch.testing.assert_close(new(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+
+    def compare():
+        with torch.no_grad():
+            torch.testing.assert_close(new(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+
+    compare()
+    if changed:
+        state = {**model.state_dict(), **changed}
+        model.load_state_dict(state)
+        new.load_state_dict(state)
+        compare()
 
 
 def test_conv_block_groups():
@@ -124,3 +135,50 @@ def test_conv_tails_and_model_new_matches(tmp_path):
     assert a.inputs[2]["view"] == "like" and any("expanded" in n for n in a.notes)
     assert b.spec["op"] == "conv_transpose1d" and b.spec["params"]["epilogue"] == [{"op": "bias"}]
     assert_model_new_matches(tmp_path, TAILS, cap, part)
+
+
+# a module whose one op `self.op` is followed by a pointwise step with a small parameter `self.p`
+PARAMETER_TAIL = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.op = {op}
+        self.p = nn.Parameter({p})
+
+    def forward(self, x):
+        return {forward}
+
+
+def get_inputs():
+    return [torch.randn({x})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def assert_one_value_read_at_run_time(tmp_path, source: str, p) -> list:
+    """Every group reads the one-value parameter `p` as a scalar input (loaded once, no full-size
+    copy, so no "(a copy)" note); ModelNew matches Model, again once p is changed to another
+    value (read at run time, not baked into the source); the kernels compile for sm_90.  The
+    groups, for the caller's own checks."""
+    cap, part = captured_source(tmp_path, source)
+    for g in part.groups:
+        assert any(i["view"] == "scalar" for i in g.inputs), g.inputs
+        assert not any("(a copy)" in n for n in g.notes), g.notes
+    assert_model_new_matches(tmp_path, source, cap, part, changed={"p": p})
+    assert_groups_compile(part.groups)
+    return part.groups
+
+
+def test_a_0d_parameter_in_a_conv_tail_is_one_value_read_at_run_time(tmp_path):
+    source = PARAMETER_TAIL.format(op="nn.Conv2d(3, 4, 3)", p="torch.tensor(2.0)",
+                                   forward="torch.relu(self.op(x) * self.p)", x="2, 3, 7, 9")
+    (g,) = assert_one_value_read_at_run_time(tmp_path, source, torch.tensor(-0.75))
+    assert g.spec["params"]["epilogue"] == [{"op": "bias"}, {"op": "mul", "scalar": True}, {"op": "relu"}]
+    assert g.inputs[3] == {"arg": 3, "view": "scalar"} and g.args[3] == {"node": "p"}   # the parameter itself

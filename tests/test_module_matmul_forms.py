@@ -2,11 +2,13 @@
 tensordot, diag(v) @ B / B @ diag(v) as row / column scalings (no [N, N] matrix), and
 matrix-vector products as row reductions sum(A * v) (one pass over A), each
 checked as ModelNew against Model in the interpreter; tensordot forms that are not a matmul
-stay PyTorch with the reason."""
+stay PyTorch with the reason; a one-value parameter after nn.Linear is read by the epilogue."""
 from __future__ import annotations
 
 import pytest
-from test_module_conv import assert_model_new_matches, captured_source
+import torch
+from test_module_conv import (PARAMETER_TAIL, assert_model_new_matches, assert_one_value_read_at_run_time,
+                              captured_source)
 
 FORM = """
 import torch
@@ -57,3 +59,11 @@ def test_tensordot_that_is_not_a_matmul_stays_pytorch(tmp_path):
     _, part = captured_source(tmp_path, FORM.format(expr="torch.tensordot(A, B, dims=([0], [0]))",
                                                    a="24, 16", b="24, 20"))
     assert part.groups == [] and "contracts a dim other than a's last" in part.torch_ops[0]["why"]
+
+
+def test_a_one_value_parameter_in_a_linear_epilogue_is_read_at_run_time(tmp_path):
+    source = PARAMETER_TAIL.format(op="nn.Linear(24, 20)", p="torch.tensor([0.5])", forward="self.op(x) + self.p",
+                                   x="3, 5, 24")
+    # the [1] shift is loaded once by the tile, not expanded to [3, 5, 20] first
+    (g,) = assert_one_value_read_at_run_time(tmp_path, source, torch.tensor([-2.0]))
+    assert (g.family, g.spec["params"]["epilogue"]) == ("matmul", [{"op": "bias"}, {"op": "add", "scalar": True}])

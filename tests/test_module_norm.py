@@ -16,6 +16,7 @@ from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
 from mtmc.tools.loader import load_file
 from kernel_helpers import template_kernels
+from test_module_conv import PARAMETER_TAIL, assert_one_value_read_at_run_time
 
 MODULES = Path(__file__).parent / "modules"
 
@@ -190,3 +191,12 @@ def test_optimize_end_to_end_passes_the_guard(tmp_path):
     assert [g["family"] for g in summary["groups"]] == ["norm"] * 3
     assert all(g["status"] == "kernel" for g in summary["groups"])
     assert "Triton norm" in report.read_text()
+
+
+def test_a_one_value_parameter_after_norms_is_read_once_at_run_time(tmp_path):
+    source = PARAMETER_TAIL.format(op="nn.ModuleList([nn.GroupNorm(2, 4), nn.LayerNorm(10)])",
+                                   p="torch.full((1, 1, 1, 1), 0.5)",
+                                   forward="self.op[0](x) / self.p, self.op[1](x) - self.p", x="2, 4, 3, 10")
+    gn, ln = assert_one_value_read_at_run_time(tmp_path, source, torch.full((1, 1, 1, 1), 2.0))
+    assert gn.spec["params"]["epilogue"] == [{"op": "div", "scalar": True}]     # the split template's apply
+    assert ln.spec["params"]["epilogue"] == [{"op": "sub", "scalar": True}]     # the row template

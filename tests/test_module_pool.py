@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
-from tests.test_module_conv import assert_model_new_matches, captured_source
+from tests.test_module_conv import (PARAMETER_TAIL, assert_model_new_matches, assert_one_value_read_at_run_time,
+                                    captured_source)
 
 MODULES = Path(__file__).parent / "modules"
 
@@ -100,3 +103,10 @@ def test_pool_after_a_conv_is_its_own_group_with_its_tail(tmp_path):
     pool = part.groups[1]
     assert pool.spec["params"]["epilogue"] == [{"op": "mul", "channel": True}, {"op": "add"}, {"op": "tanh"}]
     assert_model_new_matches(tmp_path, TAILS, cap, part)
+
+
+def test_a_pool_divided_by_a_0d_parameter_reads_it_once_at_run_time(tmp_path):
+    source = PARAMETER_TAIL.format(op="nn.MaxPool2d(2)", p="torch.tensor(4.0)", forward="self.op(x) / self.p",
+                                   x="2, 3, 8, 10")
+    (g,) = assert_one_value_read_at_run_time(tmp_path, source, torch.tensor(-0.5))
+    assert g.spec["params"]["epilogue"] == [{"op": "div", "scalar": True}]

@@ -107,6 +107,11 @@ CPU_SMS = 4
 PROGRAMS_PER_SM = 4
 
 
+def elements(args: list[TensorArg], dims: dict[str, int]) -> int:
+    """Elements of the tensors `args` at `dims` (an epilogue's operands: what reading them costs)."""
+    return sum(math.prod(a.concrete_shape(dims)) for a in args)
+
+
 def small_dim(d: int, block: int, tiles: int = 2) -> int:
     """Shrink dim d for the interpreter while keeping what matters to correctness:
     more than one tile, and a partial last tile exactly when d has one."""

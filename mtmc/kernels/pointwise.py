@@ -7,7 +7,9 @@ second tensor: "bias" a vector over the last dim N, the binary ops a full [M, N]
 with "every" and "period" in the step, a broadcast ("periodic") operand of `period` values:
 element i of x (row-major over the whole tensor) meets operand[(i // every) % period].  That is
 how a [C, 1, 1] bias or an [S, S] mask broadcasts over a larger tensor, read in place instead
-of expanded to full size.
+of expanded to full size.  With "scalar": true in the step, the operand is one value (a 0-d
+parameter, a [1] shift) every element meets: any kernel loads it once (operand_load) whatever
+its layout, from the tensor at run time, so updates to a parameter reach the kernel.
 A two-operand step may carry "pre", one-input steps applied to its operand as it is loaded
 (relu(x) + relu(y) is [relu, add with pre [relu]]: one kernel for a formula of two tensors).
 Mask steps (masked_fill, masked_keep) read a bool operand; a select step is torch.where of a
@@ -251,6 +253,10 @@ def validate_chain(chain: list[dict], indexed: bool = False) -> None:
             if (op not in BINARY and op not in MASKED) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in ints):
                 raise ValueError(f"a periodic operand needs a two-operand op and positive integers "
                                  f"'every' and 'period'; got {step}")
+        if "scalar" in step and (step["scalar"] is not True or (op not in BINARY and op not in MASKED)
+                                 or is_periodic(step)):
+            raise ValueError(f"a one-value operand ('scalar': true) goes with a two-operand op and is not "
+                             f"periodic; got {step}")
 
 
 def _validate_fork(step: dict, indexed: bool) -> None:
@@ -286,11 +292,15 @@ def is_periodic(step: dict) -> bool:
     return "period" in step
 
 
+def is_scalar(step: dict) -> bool:
+    return step.get("scalar") is True
+
+
 def operand_kind(step: dict) -> str | None:
     """"full" for an [M, N] operand, "vector" for an [N] one, "periodic" for a broadcast one
-    of step["period"] values, None for no operand."""
+    of step["period"] values, "scalar" for one value, None for no operand."""
     if step["op"] in BINARY or step["op"] in MASKED:
-        return "periodic" if is_periodic(step) else "full"
+        return "scalar" if is_scalar(step) else "periodic" if is_periodic(step) else "full"
     if step["op"] in VECTOR:
         return "vector"
     return None
@@ -379,9 +389,22 @@ def uses_periodic(chain: list[dict]) -> bool:
     return any(is_periodic(step) for step in chain)
 
 
-def operand_shape(step: dict) -> tuple:
-    """The TensorArg shape of an operand step's input: [M, N], [N], or its `period` values."""
-    return {"full": ("M", "N"), "vector": ("N",), "periodic": (step.get("period"),)}[operand_kind(step)]
+def operand_shape(step: dict, full: tuple = ("M", "N"), vector: tuple = ("N",)) -> tuple:
+    """The TensorArg shape of an operand step's input: `full` (the output's shape), `vector` (a
+    last-dim vector's), its `period` values, or one value."""
+    return {"full": full, "vector": vector, "periodic": (step.get("period"),), "scalar": (1,)}[operand_kind(step)]
+
+
+def operand_load(name: str, step: dict, offs: str | None = None, mask: str | None = None,
+                 other: str | None = "0.0") -> str:
+    """The Triton line loading step's operand `name` (from `name`_ptr) as fp32: the elements at
+    `offs` under `mask` (`other` in masked-off lanes, none when None), or a one-value operand
+    once (no offsets), a scalar the step broadcasts over the tile: no full-size copy of it, no
+    load per element."""
+    if is_scalar(step):
+        return f"{name} = tl.load({name}_ptr).to(tl.float32)  # one value for every element"
+    fill = "" if other is None else f", other={other}"
+    return f"{name} = tl.load({name}_ptr + {offs}, mask={mask}{fill}).to(tl.float32)"
 
 
 def reference_helpers(chain: list[dict]) -> str:
@@ -406,6 +429,9 @@ def describe_chain(chain: list[dict]) -> str:
         pre = f"[{describe_chain(step['pre'])} of the operand]" if step.get("pre") else ""
         if is_periodic(step):
             parts.append(f"{step['op']}{pre}(broadcast of {step['period']})")
+            continue
+        if is_scalar(step):
+            parts.append(f"{step['op']}{pre}(one value)")
             continue
         if pre:
             parts.append(f"{step['op']}{pre}")

@@ -135,6 +135,8 @@ def _view(v: str, view: dict) -> str:
         code = f"{v}.contiguous().reshape(-1)"
     elif kind == "vector":
         code = f"{v}.reshape(-1)"
+    elif kind == "scalar":   # one value (a 0-d parameter) as [1]: a view, so the kernel reads it live
+        code = f"{v}.reshape(1)"
     elif kind == "batched":
         code = f"{v}.reshape(-1, {v}.shape[-2], {v}.shape[-1])"
     elif kind == "as_is":

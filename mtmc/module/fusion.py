@@ -19,8 +19,9 @@ A node joins a group only when all its users are in the group (the kernel return
 so the fused group computes exactly what the nodes did.  Everything else (concatenations,
 views, ops outside the catalog) stays a PyTorch call; `torch_ops` says which and
 why.  Broadcast operands (a [C, 1, 1] bias on NCHW, an [S, S] mask over heads) are read in place
-as periodic operands by elementwise and row-wise kernels; where one cannot be (a matmul
-epilogue, kept dims split by broadcast ones) it is expanded to full size
+as periodic operands by elementwise and row-wise kernels; a one-value operand (a 0-d parameter)
+is loaded once by any kernel, from its tensor at run time; where a broadcast operand cannot be
+read in place (a matmul epilogue, kept dims split by broadcast ones) it is expanded to full size
 first, which costs memory traffic, and the group's notes say so.
 """
 from __future__ import annotations
@@ -43,6 +44,15 @@ from mtmc.kernels.spec import DTYPES, KernelSpec
 
 # -- groups -----------------------------------------------------------------------------------
 
+def _broadcast_pattern(oshape: list[int], full: list[int], row_major: bool) -> dict | None:
+    """How a kernel reads in place an operand of shape `oshape` broadcast to `full`: {"scalar":
+    True} for one value (loaded once, whatever the kernel's layout), a periodic pattern on a
+    row-major kernel; None when it must be expanded to `full` first."""
+    if math.prod(oshape) == 1:
+        return {"scalar": True}
+    return _periodic_pattern(oshape, full) if row_major else None
+
+
 def _periodic_pattern(oshape: list[int], full: list[int]) -> dict | None:
     """{"every", "period"} when an operand of shape `oshape` broadcast to `full` is one run of
     kept dims (so element i of the row-major full tensor meets operand[(i // every) % period]);
@@ -64,7 +74,8 @@ class Group:
     args:   the values the wrapper takes, in order: {"node": name} or {"attr": param path}.
     inputs: one per kernel input, in the family's order: {"arg": i, "view": kind, ...}.
             views: "rows" ([-1, last dim]), "periodic" (a broadcast operand, flat, read in
-            place: pointwise's periodic steps), "strided" (the contiguous buffer as [-1, "dim"]: a
+            place: pointwise's periodic steps), "scalar" (a one-value operand as [1], loaded
+            once: pointwise's scalar steps), "strided" (the contiguous buffer as [-1, "dim"]: a
             reduction over a middle dim reads it in place), "flat" ([1, -1]),
             "vector" ([-1]), "batched" ([-1, M, K]), "as_is", "like" (expanded to the shape
             of "of": "main" or "out", then viewed like it).
@@ -244,14 +255,15 @@ class Partitioner:
             return [{"op": "bias"}]
         pattern = None
         if oshape != full_shape:
-            # a broadcast operand on a row-major kernel is read in place (pointwise's periodic steps)
-            pattern = _periodic_pattern(oshape, full_shape) if operand_view.get("of") == "main" else None
+            # read in place: one value anywhere, a broadcast one on a row-major kernel (periodic steps)
+            pattern = _broadcast_pattern(oshape, full_shape, operand_view.get("of") == "main")
             if pattern is None and masked:   # a broadcast mask is read in place by the next group instead
                 return None
             if pattern is None:
                 b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
                                "for the kernel (a copy)")
-        b.inputs.append({"arg": b.arg(other), **({"view": "periodic"} if pattern else operand_view)})
+        view = operand_view if pattern is None else {"view": "scalar" if "scalar" in pattern else "periodic"}
+        b.inputs.append({"arg": b.arg(other), **view})
         b.nodes += pre_nodes
         pattern = {**(pattern or {}), **({"pre": pre} if pre else {})}
         if masked:

@@ -26,8 +26,9 @@ def is_channel_step(step: dict) -> bool:
 
 
 def validate_channel_epilogue(params: dict, what: str) -> list[dict]:
-    """The epilogue of params, checked: pointwise steps whose operands are full tensors or [C]
-    vectors (per channel), never broadcast (periodic) ones; `what` names the op in messages."""
+    """The epilogue of params, checked: pointwise steps whose operands are full tensors, [C]
+    vectors (per channel) or one value ({'scalar': true}), never broadcast (periodic) ones; `what`
+    names the op in messages."""
     epi = params.get("epilogue", [])
     if not isinstance(epi, list):
         raise ValueError(f"the {what} epilogue must be a list of pointwise steps")
@@ -35,4 +36,6 @@ def validate_channel_epilogue(params: dict, what: str) -> list[dict]:
     if pointwise.uses_periodic(epi):
         raise ValueError(f"{what} epilogues take full or per-channel operands ({{'channel': true}}), "
                          "not broadcast (periodic) ones")
+    if any(is_channel_step(s) and pointwise.is_scalar(s) for s in epi):
+        raise ValueError(f"a {what} epilogue step reads a [C] vector or one value, not both; got {epi}")
     return epi

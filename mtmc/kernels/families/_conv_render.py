@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from mtmc.kernels import pointwise
 from mtmc.kernels.families._conv_geometry import SPATIAL, is_channel_step, is_transposed, out_names, rank
 from mtmc.kernels.families.elementwise import (
     IMPORTS, INTERPRETED_SOURCE, config_line, indent, interpreter_ints, operand_steps, signature, step_lines,
@@ -317,7 +318,7 @@ class _Render:
         lines, names = [], {}
         for i, name, _ in operand_steps(self.epi):
             offs, m = (co_offs, co_mask) if is_channel_step(self.epi[i]) else (full_offs, mask)
-            lines.append(f"{name} = tl.load({name}_ptr + {offs}, mask={m}, other=0.0).to(tl.float32)")
+            lines.append(pointwise.operand_load(name, self.epi[i], offs, m))
             names[i] = name
         return lines + step_lines(self.epi, "x", names)
 

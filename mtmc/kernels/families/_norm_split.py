@@ -207,7 +207,7 @@ def apply_kernel(lay: Layout) -> str:
     names = {}
     for (i, default, kind), name in zip(operand_steps(epi), ops):
         offs = pointwise.periodic_offsets(epi[i], "offs") if kind == "periodic" else "offs"
-        body.append(f"{name} = tl.load({name}_ptr + {offs}, mask=mask, other=0.0).to(tl.float32)")
+        body.append(pointwise.operand_load(name, epi[i], offs, "mask"))
         names[i] = name
     body += [f"y = {pointwise.triton_expr([step], 'y', {0: names[i]} if i in names else {})}"
              for i, step in enumerate(epi)]

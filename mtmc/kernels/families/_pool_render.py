@@ -118,7 +118,7 @@ class _Render:
         names, lines = {}, []
         for i, name, _ in operand_steps(self.epi):
             o, m = (c_offs, c_mask) if is_channel_step(self.epi[i]) else (offs, mask)
-            lines.append(f"{name} = tl.load({name}_ptr + {o}, mask={m}, other=0.0).to(tl.float32)")
+            lines.append(pointwise.operand_load(name, self.epi[i], o, m))
             names[i] = name
         if self.epi:
             lines.insert(0, "# epilogue on the fp32 result")

@@ -94,7 +94,7 @@ def number_param(spec: KernelSpec, key: str, default: float, positive: bool = Fa
 @dataclass(frozen=True)
 class Operand:
     name: str
-    kind: str      # "full": [M, N]; "vector": [N]; "periodic": [period], see pointwise
+    kind: str      # "full": [M, N]; "vector": [N]; "periodic": [period]; "scalar": [1], see pointwise
     step: int      # index of the chain step that reads it
     chain_step: dict  # that step itself (a periodic one says where its operand repeats)
 
@@ -364,7 +364,7 @@ class RowTemplate:
 
     def _load_operands(self, operands: list[Operand]) -> list[str]:
         load = {"full": lambda o: self.load_full(o.name), "vector": lambda o: self.load_vector(o.name),
-                "periodic": self.load_periodic}
+                "periodic": self.load_periodic, "scalar": lambda o: pointwise.operand_load(o.name, o.chain_step)}
         return [load[o.kind](o) for o in operands]
 
     def load_x(self, fill: str = "0.0", extra_steps: tuple[dict, ...] = ()) -> list[str]:

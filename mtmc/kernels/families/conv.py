@@ -13,8 +13,9 @@ x is [N, C_in, *S]; w is [C_out, C_in/groups, *k] ([C_in, C_out/groups, *k] when
 as nn.Conv*d / nn.ConvTranspose*d hold them; the output is [N, C_out, *OS], contiguous.
 The epilogue's operands follow x and w in pointwise.operands() order: a "bias" step reads a
 [C_out] vector (the conv's own bias is such a first step), a two-operand step marked
-{"channel": true} reads a [C_out] vector too (a [C, 1, 1] parameter), any other two-operand
-step a full [N, C_out, *OS] tensor (a residual).
+{"channel": true} reads a [C_out] vector too (a [C, 1, 1] parameter), one marked {"scalar": true}
+one value (a 0-d parameter, loaded once), any other two-operand step a full [N, C_out, *OS]
+tensor (a residual).
 
 How (the template in _conv_render): the GEMM is M = output pixels (N x OS) by N = output
 channels of one group, K = input channels of the group x kernel taps; a group axis in the grid
@@ -33,7 +34,7 @@ import math
 from mtmc.kernels import pointwise
 from mtmc.kernels.families._conv_render import render
 from mtmc.kernels.families.elementwise import indent, operand_steps, signature, step_lines
-from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, elements, small_dim
 from mtmc.kernels.spec import KernelSpec
 from mtmc.kernels.families._conv_geometry import (  # noqa: F401
     SPATIAL, is_channel_step, is_transposed, out_names, rank, validate_channel_epilogue,
@@ -203,8 +204,9 @@ class ConvFamily(Family):
         args = [TensorArg("x", ("N", "C_in", *SPATIAL[r])), TensorArg("w", w, groups=g)]
         epi = self.epilogue(spec)
         for i, name, _ in operand_steps(epi):
-            args.append(TensorArg(name, ("C_out",) if is_channel_step(epi[i]) else ("N", "C_out", *out_names(spec.op)),
-                                  **pointwise.operand_arg(epi[i])))
+            shape = ("C_out",) if is_channel_step(epi[i]) else pointwise.operand_shape(
+                epi[i], full=("N", "C_out", *out_names(spec.op)))
+            args.append(TensorArg(name, shape, **pointwise.operand_arg(epi[i])))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:
@@ -370,9 +372,8 @@ class ConvFamily(Family):
         else:
             macs = out_numel * ci * taps
         epi = self.epilogue(spec)
-        operand_elems = sum(d["C_out"] if is_channel_step(epi[i]) else out_numel for i, _, _ in operand_steps(epi))
         w_numel = d["C_out"] * ci * taps
-        elems = x_numel + w_numel + out_numel + operand_elems
+        elems = x_numel + w_numel + out_numel + elements(self.inputs(spec)[2:], d)
         return float(2 * macs + out_numel * len(epi)), float(elems * DTYPE_BYTES[spec.dtype])
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:

@@ -2,7 +2,8 @@
 
 The chain is a list of pointwise steps (mtmc.kernels.pointwise).  Its operands follow x in the
 input list in pointwise.operands() order: "full" operands are [M, N], "bias" operands are [N] and
-broadcast over the rows.  Everything is computed in fp32 and stored in the spec's dtype.
+broadcast over the rows, periodic ones are read in place, one-value ("scalar") ones loaded once.
+Everything is computed in fp32 and stored in the spec's dtype.
 
 The render helpers here (operand loads, the flat kernel, the SM count) also build matmul's
 split-K reduction, so a chain is loaded and applied the same way wherever it appears.
@@ -84,7 +85,7 @@ def operand_loads(chain: list[dict], full_offs: str, vector_offs: str, full_mask
         offs, mask = (full_offs, full_mask) if kind == "full" else (vector_offs, vector_mask)
         if kind == "periodic":  # a broadcast operand read in place
             offs, mask = pointwise.periodic_offsets(chain[i], full_offs), full_mask
-        lines.append(f"{name} = tl.load({name}_ptr + {offs}, mask={mask}).to(tl.float32)")
+        lines.append(pointwise.operand_load(name, chain[i], offs, mask, other=None))
         names[i] = name
     return lines, names
 

@@ -4,7 +4,8 @@ a is [M, K] ([B, M, K] for bmm); b is [K, N] ([B, K, N]), or [N, K] ([B, N, K]) 
 params["b_layout"] == "nk" (the nn.Linear weight layout, read transposed through its strides).
 params["epilogue"] is a pointwise chain applied to the fp32 accumulator before the store; its
 operands follow a and b in pointwise.operands() order: "bias" ones are [N], "full" ones are
-[M, N] ([B, M, N]).  The output is [M, N] ([B, M, N]) in the spec's dtype.
+[M, N] ([B, M, N]), one-value ("scalar") ones [1], loaded once.  The output is [M, N]
+([B, M, N]) in the spec's dtype.
 
 Knobs: tile sizes, a grouped tile order for L2 reuse (GROUP_M), split-K (partial fp32 tiles in
 a workspace, summed by a second kernel that applies the epilogue), a persistent grid, warps and
@@ -18,7 +19,7 @@ from mtmc.kernels.families.elementwise import (
     IMPORTS, INTERPRETED_SOURCE, SM_COUNT_SOURCE, chain_lines, config_line, flat_kernel_source, indent,
     interpreter_ints, operand_loads, operand_steps, signature, step_lines,
 )
-from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, Family, TensorArg, small_dim
+from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, Family, TensorArg, elements, small_dim
 from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import KernelSpec
 
@@ -116,8 +117,9 @@ class MatmulFamily(Family):
         args = [TensorArg("a", (*bt, "M", "K")),
                 TensorArg("b", (*bt, "N", "K") if self.b_nk(spec) else (*bt, "K", "N"))]
         epi = self.epilogue(spec)
-        for i, name, kind in operand_steps(epi):
-            args.append(TensorArg(name, (*bt, "M", "N") if kind == "full" else ("N",), **pointwise.operand_arg(epi[i])))
+        for i, name, _ in operand_steps(epi):
+            shape = pointwise.operand_shape(epi[i], full=(*bt, "M", "N"))
+            args.append(TensorArg(name, shape, **pointwise.operand_arg(epi[i])))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:
@@ -312,8 +314,7 @@ class MatmulFamily(Family):
         batch = d["B"] if spec.op == "bmm" else 1
         m, n, k = d["M"], d["N"], d["K"]
         epi = self.epilogue(spec)
-        operand_elems = sum(batch * m * n if kind == "full" else n for _, _, kind in operand_steps(epi))
-        elems = batch * (m * k + k * n + m * n) + operand_elems
+        elems = batch * (m * k + k * n + m * n) + elements(self.inputs(spec)[2:], d)
         return float(batch * m * n * (2 * k + len(epi))), float(elems * DTYPE_BYTES[spec.dtype])
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:

@@ -16,7 +16,7 @@ Channel ops, x [N, C, S] (S: the spatial sizes' product, 1 for a [N, C] input) -
   (ModelNew passes the module's own buffers); they are not inputs of the spec.
   "groupnorm": per (n, group of C / "groups" channels) over those channels and S; "affine".
   "instancenorm": per (n, c) over S; "affine" (default False, as nn.InstanceNorm*d).
-  All take "eps" (1e-5) and an "epilogue" chain (full [N, C, S] or broadcast operands).
+  All take "eps" (1e-5) and an "epilogue" chain (full [N, C, S], broadcast or one-value operands).
 
 Kernels: a row op whose rows fit the GPU's programs runs the row-wise template (_rows: the row
 in registers, or Welford chunks along it).  Channel ops, Frobenius, and row ops with SPLIT > 1
@@ -64,7 +64,7 @@ class ChannelRows(_rows.Rows):
 
     def inputs(self) -> list[TensorArg]:
         def arg(op: _rows.Operand) -> TensorArg:
-            return TensorArg(op.name, ("N", "C", "S") if op.kind == "full" else (op.chain_step["period"],))
+            return TensorArg(op.name, pointwise.operand_shape(op.chain_step, full=("N", "C", "S")))
         return ([TensorArg("x", ("N", "C", "S"))] + [TensorArg(n, ("C",), init=init) for n, init in self.vectors]
                 + [arg(o) for o in self.epi_operands])
 
@@ -315,7 +315,8 @@ def _validate_channels(spec: KernelSpec) -> None:
     pointwise.param_chain(p, "prologue", operand_free=spec.op)   # the split template applies it to x alone
     epi = pointwise.param_chain(p, "epilogue")
     if any(pointwise.operand_kind(s) == "vector" for s in epi):
-        raise ValueError(f"{spec.op} epilogues take full or broadcast (periodic) operands, not [N] vectors")
+        raise ValueError(f"{spec.op} epilogues take full, broadcast (periodic) or one-value operands, "
+                         "not [N] vectors")
 
 
 def _torch_norm(spec: KernelSpec, weight: str, bias: str) -> str:

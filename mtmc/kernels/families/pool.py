@@ -15,7 +15,8 @@ params (`pool_spec` builds them from PyTorch-style arguments):
   after them: max pads f(x) with -inf, avg with 0);
   epilogue: a pointwise chain on the fp32 result (pointwise vocabulary); its operands follow x
   in pointwise.operands() order: a two-operand step marked {"channel": true} (or "bias") reads a
-  [C] vector, any other one a full [N, C, *OS] tensor.
+  [C] vector, one marked {"scalar": true} one value (loaded once), any other one a full
+  [N, C, *OS] tensor.
 Semantics are PyTorch's: max pads with -inf (padded taps never win) and propagates NaN, the
 first maximum in scan order wins ties; avg divides by the window clipped to the padded input
 (count_include_pad) or to the input (not), or by divisor_override.
@@ -38,7 +39,7 @@ from mtmc.kernels.families._conv_geometry import (
 )
 from mtmc.kernels.families.conv import _per_dim, _small_input
 from mtmc.kernels.families.elementwise import indent, operand_steps, signature, step_lines
-from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg
+from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, elements
 from mtmc.kernels.ops import FAMILY_OPS
 from mtmc.kernels.spec import DTYPES, KernelSpec
 
@@ -242,7 +243,9 @@ class PoolFamily(Family):
         args = [TensorArg("x", ("N", "C", *SPATIAL[r]))]
         epi = self.epilogue(spec)
         for i, name, _ in operand_steps(epi):
-            args.append(TensorArg(name, ("C",) if is_channel_step(epi[i]) else ("N", "C", *out_names(spec.op))))
+            shape = ("C",) if is_channel_step(epi[i]) else pointwise.operand_shape(
+                epi[i], full=("N", "C", *out_names(spec.op)))
+            args.append(TensorArg(name, shape))
         return args
 
     def output(self, spec: KernelSpec) -> TensorArg:
@@ -342,7 +345,7 @@ class PoolFamily(Family):
         out_numel = planes * out_plane
         epi = self.epilogue(spec)
         elem = DTYPE_BYTES[spec.dtype]
-        operand_elems = sum(spec.dims["C"] if is_channel_step(epi[i]) else out_numel for i, _, _ in operand_steps(epi))
+        operand_elems = elements(self.inputs(spec)[1:], spec.dims)
         out_bytes = out_numel * (8 if spec.params.get("indices") else elem)
         flops = out_numel * (self.taps(spec) * (1 + len(self.prologue(spec))) + len(epi))
         return float(flops), float((planes * self.in_plane(spec) + operand_elems) * elem + out_bytes)

@@ -170,11 +170,13 @@ class _Render:
 
     @staticmethod
     def _chain(chain: list[dict], operands: list, var: str, offs: str, col: str, mask: str) -> list[str]:
-        """Load a chain's operands where the elements live ([N] vectors at their column), apply it to `var`."""
+        """Load a chain's operands where the elements live ([N] vectors at their column, one value
+        once), apply it to `var`."""
         lines = []
         for o in operands:
-            where = {"full": offs, "vector": f"{col}[None, :]"}.get(o.kind) or pointwise.periodic_offsets(o.chain_step, offs)
-            lines.append(f"{o.name} = tl.load({o.name}_ptr + {where}, mask={mask}, other=0.0).to(tl.float32)")
+            where = (pointwise.periodic_offsets(o.chain_step, offs) if o.kind == "periodic"
+                     else {"full": offs, "vector": f"{col}[None, :]"}.get(o.kind))
+            lines.append(pointwise.operand_load(o.name, o.chain_step, where, mask))
         return [*lines, *step_lines(chain, var, _rows.Rows.step_names(operands))]
 
     def _head(self) -> list[str]:
