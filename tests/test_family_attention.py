@@ -203,3 +203,16 @@ def test_a_row_masked_wholly_gives_what_its_pytorch_form_gives(mask):
     want = ref["reference"](q, k, v, keep if mask == "keep" else ~keep)
     torch.testing.assert_close(out, want, equal_nan=True, atol=1e-5, rtol=1e-5)
     assert bool(out[0, 0, 1].isnan().all()) == (mask == "fill")
+
+
+def test_the_default_scale_follows_the_head_dim_at_the_cut_check_dims():
+    """L1 97 (E = 1024, no scale given) failed every check: its reference took 1/sqrt(1024) from
+    the spec while the kernel, at the check's cut dims (E = 64), took 1/sqrt(64) from q."""
+    spec = KernelSpec("attention", "sdpa", {"B": 1, "H": 2, "L": 64, "S": 64, "E": 1024, "EV": 1024}, "float32",
+                      {"mask": "none", "scale": None})
+    cfg = {**ATTN.default_config(spec, PROFILES["h200"]), "BLOCK_E": 32}
+    dims = ATTN.check_dims(spec, cfg)
+    assert dims["E"] < spec.dims["E"]
+    assert check(spec, ATTN.render(spec, cfg), dims).ok
+    given = KernelSpec.from_dict({**spec.to_dict(), "params": {"mask": "none", "scale": 0.125}})
+    assert check(given, ATTN.render(given, cfg), dims).ok   # a given scale stays what it was

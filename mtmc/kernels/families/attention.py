@@ -145,7 +145,10 @@ class AttentionFamily(Family):
     def reference_source(self, spec: KernelSpec) -> str:
         m, p = self.mask(spec), spec.params
         args = [a.name for a in self.inputs(spec)]
-        scale = repr(self.scale(spec))
+        # the default scale from q's own head dim, as the kernel's launch takes it: checks run at
+        # cut dims (L1 97: E 1024 checked at 64), where 1/sqrt of the spec's E is wrong for both
+        given = spec.params.get("scale") is not None
+        scale = repr(self.scale(spec)) if given else "(1.0 / math.sqrt(q.shape[-1]))"
         # PyTorch's own SDPA where it states the op (the eager and compiled baselines run it);
         # a masked_fill with a finite value has no SDPA form and is written out
         # a masked_fill is the hand-written form: softmax over a row masked wholly is NaN there,
@@ -157,7 +160,7 @@ class AttentionFamily(Family):
         else:
             mask = {"none": "None", "causal": "None", "add": "mask", "keep": "mask"}[m]
             body = [f"return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask={mask}, "
-                    f"is_causal={m == 'causal'}, scale={scale})"]
+                    f"is_causal={m == 'causal'}, scale={scale if given else None})"]
         reference = [signature("reference", args), *indent(body)]
         # The output is a convex mix of v's rows: its error scales with the weights times |v|
         # (rounding of the weights to the input dtype for the second product), plus |out|.
