@@ -192,3 +192,12 @@ def test_default_configs_compile_for_sm90_without_spills():
         assert kernel["error"] is None, f"{name}: {kernel['error']}"
         assert report["violations"] == [], f"{name}: {report['violations']}"
         assert kernel["spill_bytes"] == 0 and kernel["regs"] <= 255, name
+
+
+def test_a_big_global_pool_is_walked_by_planes_only():
+    """L2 67 on the H100: the planner moved a 254 x 254 global average pool to ALGO window, whose
+    one-lane-per-output sum missed the tolerance; that walk is not offered for planes that big."""
+    big = pool_spec("adaptive_avg_pool2d", (2, 3, 254, 254), output_size=1)
+    assert POOL.config_space(big)["ALGO"] == ["plane"]
+    small = pool_spec("adaptive_avg_pool2d", (2, 3, 9, 7), output_size=1)
+    assert POOL.config_space(small)["ALGO"] == ["window", "plane"]
