@@ -345,3 +345,35 @@ def test_plan_only_json_from_the_command_line(tmp_path):
     assert plan["inputs"][0]["shape"] == [100_000, 100_000] and plan["torch_ops"] == [] and plan["problems"] == []
     assert 0 < plan["seconds"] < 120
     assert "3 fusion group(s):" in proc.stderr  # the words go to stderr when stdout is JSON
+
+
+LEFT_ON_PURPOSE = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        h = torch.cat([torch.relu(x), y], dim=1)
+        h = F.pad(h, (1, 1))
+        return h + torch.randn_like(h)
+
+
+def get_inputs():
+    return [torch.randn(4, 8, 16), torch.randn(4, 8, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_ops_left_to_pytorch_on_purpose_say_why(tmp_path):
+    """DenseNet121's 58 concatenations, Swin's pads and an LSTM task's random draws read "outside
+    the kernel catalog", as if a kernel were missing (and the LLM coder was offered them)."""
+    _, part = captured_source(tmp_path, LEFT_ON_PURPOSE)
+    left = {t["op"].split(" (")[0]: t["why"] for t in part.torch_ops}
+    assert left["cat"].startswith("a concatenation: a copy at memory speed")
+    assert left["pad"].startswith("a pad: a copy at memory speed")
+    assert left["randn_like"].startswith("random numbers: PyTorch's generator draws them")

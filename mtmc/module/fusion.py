@@ -656,18 +656,33 @@ class Partitioner:
             gather = self._indexes_by_tensor(name)
             if n["target"].rsplit(".", 1)[-1].rstrip("_") in free and not gather:
                 continue
-            fill = n["target"].rsplit(".", 1)[-1] in _FILLS
+            known = _LEFT_WHY.get(n["target"].rsplit(".", 1)[-1].rstrip("_"))
             why = self.why.get(name) or ("indexing by a tensor (a gather) is outside the kernel catalog" if gather
-                                         else "a constant fill: nothing to compute, PyTorch writes it" if fill
+                                         else known if known
                                          else "outside the kernel catalog" if name not in self.sem
                                          else "nothing to fuse it with")
             left.append({"node": name, "graph": self.g.path, "op": self.g.words(name), "why": why})
         return left
 
 
-# tensors made from nothing but a shape and a value (the graph stage's x - x -> zeros makes one)
-_FILLS = {"zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
-          "new_zeros", "new_ones", "new_full", "new_empty"}
+# ops left to PyTorch on purpose, and why in words (not "outside the catalog": no kernel of ours
+# would do better, so the LLM coder is not asked for one either)
+_LEFT_WHY = {
+    # tensors made from nothing but a shape and a value (the graph stage's x - x -> zeros makes one)
+    **dict.fromkeys(("zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
+                     "new_zeros", "new_ones", "new_full", "new_empty"),
+                    "a constant fill: nothing to compute, PyTorch writes it"),
+    # DenseNet's 58 concatenations: a copy each; only producers writing into its slices would save it
+    **dict.fromkeys(("cat", "concat", "concatenate", "stack", "hstack", "vstack"),
+                    "a concatenation: a copy at memory speed, as torch.cat does it; writing its inputs' "
+                    "producers straight into its slices is not done yet"),
+    "pad": "a pad: a copy at memory speed, as PyTorch does it; folding it into the next kernel's bounds is "
+           "not done yet",
+    # random draws stay PyTorch's so that ModelNew draws the very numbers Model draws
+    **dict.fromkeys(("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
+                     "normal", "multinomial", "randperm"),
+                    "random numbers: PyTorch's generator draws them, so ModelNew draws what Model draws"),
+}
 
 
 def _not_analysed(e: Exception) -> str:
