@@ -61,6 +61,31 @@ def test_ordinal_and_middle_dims(text, dims, inner):
     assert spec is not None and spec.dims == dims and spec.params.get("inner") == inner
 
 
+@pytest.mark.parametrize("text, dims, inner", [
+    # each read nothing and reduced the last dim, silently
+    ("mean over the spatial dims of a 16x32x64x64 tensor", {"M": 512, "N": 4096}, None),
+    ("mean over height and width of a 16x32x64x64 tensor", {"M": 512, "N": 4096}, None),
+    ("max over the H and W dims of a 8x4x6x5x3 tensor", {"M": 32, "N": 90}, None),
+    ("sum over the batch dimension of a 64x1024 tensor", {"M": 1024, "N": 64}, 1024),
+    # refused as "several dims", though a run of dims is one reduction
+    ("sum over the last two dims of a 16x32x64x64 tensor", {"M": 512, "N": 4096}, None),
+    ("sum over the first two dims of a 8x16x32 tensor", {"M": 32, "N": 128}, 32),
+])
+def test_axes_named_in_words(text, dims, inner):
+    spec = parse_request(text).spec
+    assert spec is not None and spec.dims == dims and spec.params.get("inner") == inner
+
+
+@pytest.mark.parametrize("text, why", [
+    ("mean over the spatial dims of a 64x1024 tensor", "has no spatial dims"),
+    ("sum over the last four dims of a 8x16x32 tensor", "it has only 3"),
+    ("softmax over the spatial dims of a 8x16x32x32 tensor", "Softmax over dims [2, 3] of a 4-d tensor is not supported"),
+])
+def test_axes_named_in_words_that_do_not_fit_are_refused(text, why):
+    got = parse_request(text)
+    assert got.spec is None and why in got.message
+
+
 @pytest.mark.parametrize("text", ["max over the middle dim of a 8x16x32x64 tensor",
                                   "sum over the middle dim of a 128x4096 tensor"])
 def test_the_middle_dim_of_other_ranks_is_refused(text):

@@ -18,7 +18,7 @@ import math
 from mtmc.request.build import _build_softmax, _one_shape, _x
 from mtmc.request.pointred_words import build_reduction
 from mtmc.request.reading import _Ctx
-from mtmc.request.words import middle_dim
+from mtmc.request.words import is_symbolic, symbolic_axis
 
 _CHANNEL_DIM = r"\b(?:over|along|across)\s+(?:the\s+)?channels?(?:\s+(?:dim|dimension|axis))?\b"
 
@@ -32,8 +32,8 @@ def read_extras(ctx: _Ctx) -> None:
 def extras_builder(ctx: _Ctx, family: str):
     """The builder for a row op over other dims, or None (the usual builder serves it)."""
     d = ctx.reduce_dim
-    if d == "middle" and _one_shape(ctx) is not None:   # a number from here on
-        ctx.reduce_dim = d = middle_dim(ctx, len(_one_shape(ctx)))
+    if is_symbolic(d) and _one_shape(ctx) is not None:   # numbers from here on
+        ctx.reduce_dim = d = symbolic_axis(ctx, len(_one_shape(ctx)))
     if family == "reduction" and d == "all elements":
         ctx.reduce_dim = "all dims"
         return build_reduction

@@ -21,7 +21,7 @@ from mtmc.kernels import pointwise
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _around_core, _binds_to_input, _dtype, _one_shape, _steps, _values, _x
 from mtmc.request.reading import NUM, _Ctx, _Fail, _number
-from mtmc.request.words import middle_dim
+from mtmc.request.words import is_symbolic, symbolic_axis
 
 _EQ = r"\s*(?:=|:|of|is)?\s*"
 _V = r"(?:\s*\(?\s*(?:with\s+)?(?:an?\s+|the\s+)?"   # opens an optional "(with alpha 0.5)"
@@ -96,7 +96,7 @@ def reduces_other_dims(ctx: _Ctx) -> bool:
     """Whether the request reduces over dims this builder serves: a list, every dim, or one
     numbered dim ("over dim 1": a middle dim is read in place, with no transposed copy)."""
     d = ctx.reduce_dim
-    return isinstance(d, list) or d in ("all dims", "middle") or (isinstance(d, int) and not isinstance(d, bool))
+    return isinstance(d, list) or d == "all dims" or is_symbolic(d) or (isinstance(d, int) and not isinstance(d, bool))
 
 
 def build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
@@ -108,7 +108,7 @@ def build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
         raise _Fail(f"a {op} over several dims needs the tensor's shape, e.g. 'over dims 2 and 3 of a 16x64x56x56 "
                     "tensor'.")
     nd = len(shape)
-    ctx.reduce_dim = middle_dim(ctx, nd)
+    ctx.reduce_dim = symbolic_axis(ctx, nd)
     if ctx.reduce_dim == "all dims":
         dims = list(range(nd))
     else:

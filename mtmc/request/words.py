@@ -243,17 +243,27 @@ _OTHER_AXES = [  # (pattern, how the message names that axis); all refused by _c
     (r"\b(?:column[\s_-]*wise|per[\s_-]+column|(?:each|every)\s+column|(?:over|along|across|down)\s+"
      r"(?:the\s+)?columns?|(?:over|along|across)\s+(?:the\s+)?(?:first|leading|outer)\s+(?:dim\w*|axis))\b",
      "the columns"),
-    (r"\b(?:last|final|first)\s+(?:two|three|four|[2-9])\s+(?:dim\w*|axes)\b", "several dims"),
+    (r"\b(?:last|final|first)\s+(?:two|three|four|[2-9])\s+(?:dim\w*|axes)\b", "several dims"),  # not after "over"
     (r"\b(?:all\s+(?:the\s+)?(?:elements|dims|dimensions|axes|values)"
      r"|(?:the\s+)?(?:whole|entire)\s+(?:tensor|matrix|array)"
      r"|global(?:ly)?|full\s+reduction|to\s+a\s+(?:single\s+)?scalar)\b", "all elements"),
 ]
 _AXIS_NUMBER = r"\b(?:dim|axis|dimension)\s*(?:=|:)?\s*(?P<d>-?\d+)(?!\w|\.\d)"
-# "over the second dim" is dim 1; "the middle dim" is dim 1 of a 3-d tensor only (resolved with
-# the shape, refused elsewhere): both were ignored, and the op silently ran over the last dim
+# Axes named in words, each once ignored (the op silently ran over the last dim): "the second
+# dim" is dim 1, "the batch dim" dim 0; "the middle dim" (dim 1 of a 3-d tensor), "the spatial
+# dims" / "height and width" (every dim after the channels) and "the last two dims" depend on the
+# rank, so they stay words until the shape resolves them (symbolic_axis)
 _ORDINALS = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4, "middle": "middle"}
 _AXIS_ORDINAL = (r"\b(?:over|along|across)\s+(?:the\s+)?(?P<o>second|third|fourth|fifth|middle)\s+"
                  r"(?:dim\w*|axis)\b")
+_OVER = r"\b(?:over|along|across)\s+(?:the\s+|all\s+(?:the\s+)?)?"
+_AXIS_WORDS = [
+    (_OVER + r"(?:spatial|space)\s+(?:dim\w*|axes|positions|locations)\b", "spatial"),
+    (_OVER + r"(?:height|h)\s*(?:and|,|x)\s*(?:width|w)(?:\s+(?:dim\w*|axes))?\b", "spatial"),
+    (_OVER + r"batch\s+(?:dim\w*|axis)\b", 0),
+    (_OVER + r"(?P<end>last|final|first)\s+(?P<k>two|three|four|[2-9])\s+(?:dim\w*|axes)\b", None),
+]
+_COUNTS = {"two": 2, "three": 3, "four": 4}
 
 
 _ROW_OP = r"\brows?(?=[\s_-]+(?:sums?|means?|max\w*|min\w*|arg[\s_-]?(?:max|min)|averages?|reduc\w*)\b)"
@@ -264,6 +274,12 @@ def _read_axis(ctx: _Ctx) -> None:
         if ctx.s[m.start():m.end()] == m.group(0):
             ctx.s = ctx.s[:m.start()] + " " * (m.end() - m.start()) + ctx.s[m.end():]
             ctx.reduce_dim = "last"
+    for pattern, axis in _AXIS_WORDS:
+        for m in ctx.take(pattern):
+            if axis is None:   # "last two dims" -> "last 2"
+                k = _COUNTS.get(m.group("k")) or int(m.group("k"))
+                axis = f"{'first' if m.group('end') == 'first' else 'last'} {k}"
+            ctx.reduce_dim = axis
     for m in ctx.take(_LAST_AXIS):
         ctx.reduce_dim = ctx.reduce_dim if ctx.reduce_dim is not None else "last"
     for pattern, where in _OTHER_AXES:
@@ -277,24 +293,42 @@ def _read_axis(ctx: _Ctx) -> None:
         ctx.understood["axis"] = ctx.reduce_dim
 
 
-def middle_dim(ctx: _Ctx, ndim: int):
-    """The request's axis with "the middle dim" made a number: dim 1 of a 3-d tensor; of any
-    other rank it has no one meaning and is refused."""
-    if ctx.reduce_dim != "middle":
-        return ctx.reduce_dim
-    if ndim != 3:
-        raise _Fail(f"'the middle dim' of a {ndim}-d tensor is ambiguous; name it by number (e.g. 'over dim 1').")
-    return 1
+SYMBOLIC_AXES = ("middle", "spatial")   # and "last K" / "first K": resolved by symbolic_axis
+
+
+def is_symbolic(d) -> bool:
+    return isinstance(d, str) and (d in SYMBOLIC_AXES or d.startswith(("last ", "first ")))
+
+
+def symbolic_axis(ctx: _Ctx, ndim: int):
+    """The request's axis with words that depend on the rank made numbers: "middle" is dim 1 of a
+    3-d tensor (ambiguous at other ranks: refused), "spatial" every dim after batch and channels
+    (NC + spatial, 3-d or more), "last K" / "first K" that run of dims."""
+    d = ctx.reduce_dim
+    if not is_symbolic(d):
+        return d
+    if d == "middle":
+        if ndim != 3:
+            raise _Fail(f"'the middle dim' of a {ndim}-d tensor is ambiguous; name it by number (e.g. 'over dim 1').")
+        return 1
+    if d == "spatial":
+        if ndim < 3:
+            raise _Fail(f"a {ndim}-d tensor has no spatial dims (they follow batch and channels: N, C, H, W).")
+        return list(range(2, ndim))
+    end, k = d.split()
+    if int(k) > ndim:
+        raise _Fail(f"the {end} {k} dims of a {ndim}-d tensor: it has only {ndim}.")
+    return list(range(int(k))) if end == "first" else list(range(ndim - int(k), ndim))
 
 
 def _check_axis(ctx: _Ctx, ndim: int, what: str) -> None:
     """Row ops work along the last dim; anything else is refused, never silently transposed."""
-    d = middle_dim(ctx, ndim)
-    if d is None or d == "last":
+    d = symbolic_axis(ctx, ndim)
+    if d is None or d == "last" or d == [ndim - 1]:
         return
     if isinstance(d, int) and -ndim <= d < ndim and d % ndim == ndim - 1:
         return
-    where = d if isinstance(d, str) else f"dim {d}"
+    where = d if isinstance(d, str) else f"dims {d}" if isinstance(d, list) else f"dim {d}"
     hint = "" if d == "all elements" else " Transpose the input first, or ask for the op over the rows."
     raise _Fail(f"{what} over {where} of a {ndim}-d tensor is not supported yet: row ops work along the "
                 f"last dim only (each row, over its columns).{hint}")
