@@ -73,3 +73,4 @@ def test_bench_row_parses():
 def test_axes_named_in_words(text, dims, inner):
     spec = parse_request(text).spec
     assert spec is not None and spec.dims == dims and spec.params.get("inner") == inner
+

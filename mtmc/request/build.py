@@ -218,8 +218,14 @@ def _build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
     chain = _steps([it for it in pre + post if it not in loose])
     if ctx.reduce_dim is None:
         ctx.assume(f"no axis given: {op} over the last dim (one result per row), not over all elements")
-    params = {**({"prologue": chain} if chain else {}), **({"epilogue": epilogue} if epilogue else {})}
+    params = {**({"prologue": chain} if chain else {}), **({"epilogue": epilogue} if epilogue else {}),
+              **variance_params(ctx, op)}
     return _row_spec(ctx, "reduction", op, params)
+
+
+def variance_params(ctx: _Ctx, op: str) -> dict:
+    """A var's correction where the words say "population" (torch's default, 1, needs none)."""
+    return {"correction": 0} if op == "var" and "population" in ctx.flags else {}
 
 
 def _build_norm(ctx: _Ctx, op: str) -> KernelSpec:

@@ -19,8 +19,8 @@ import math
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.spec import KernelSpec
-from mtmc.request.build import _around_core, _binds_to_input, _dtype, _one_shape, _steps, _values, _x
-from mtmc.request.reading import NUM, _Ctx, _Fail, _number
+from mtmc.request.build import _around_core, _binds_to_input, _dtype, _one_shape, _steps, _values, _x, variance_params
+from mtmc.request.reading import NUM, _Ctx, _Fail, _Item, _number
 from mtmc.request.words import is_symbolic, symbolic_axis
 
 _EQ = r"\s*(?:=|:|of|is)?\s*"
@@ -50,10 +50,11 @@ _POWER = (rf"\b(?:to\s+the\s+power\s+(?:of\s+)?|raised\s+to\s+(?:the\s+power\s+(
           rf"(?:x\s*,\s*)?|\bx\s*\*\*\s*)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
 _REDUCTIONS = [
     (r"\blog[\s_-]*sum[\s_-]*exp\w*\b|\blse\b", "logsumexp"),
-    (r"(?<!population\s)\b(?:unbiased\s+|sample\s+)?variance\b", "var"),   # torch.var's default correction (1)
     (r"\b(?:reduce[\s_-]*)?prod\b|(?<!cumulative\s)\bproduct\s+(?=(?:reduction|over|along|across|of\s+(?:each|every|all"
      r"|the\s+elements)))", "prod"),
 ]
+_DEVIATION = (r"\b(?:(?P<pop>population|biased)\s+|(?:unbiased|sample)\s+)?"
+              r"(?:(?P<std>std|standard\s+deviation)|variance)\b")
 _DIM_LIST = (r"\b(?:over|along|across)\s+(?:the\s+)?(?:dims?|dimensions|axes)\s*(?:=\s*)?"
              r"(?P<d>[(\[]?\s*-?\d+(?:\s*(?:,|and)\s*-?\d+)+\s*,?\s*[)\]]?)")
 _ALL_DIMS = r"\b(?:over|along|across)\s+(?:all\s+(?:the\s+)?(?:dims|dimensions|axes|elements))\b"
@@ -81,6 +82,13 @@ def read_pointred(ctx: _Ctx) -> None:
     for m in ctx.take(_POWER):
         p = 3.0 if m.group("cube") else _number(m.group("p"))
         ctx.add_steps(m, [{"op": "square"} if p == 2 else {"op": "pow", "value": p}])
+    for m in ctx.take(_DEVIATION):
+        # torch.std is torch.var then a sqrt; "population" is correction 0 (torch's default is 1)
+        ctx.add_core(m, "reduction", "var")
+        if m.group("pop"):
+            ctx.flags.add("population")
+        if m.group("std"):
+            ctx.items.append(_Item(m.start() + 0.5, m.end(), m.group(0).strip(), step={"op": "sqrt"}, formula=True))
     for pattern, op in _REDUCTIONS:
         for m in ctx.take(pattern):
             ctx.add_core(m, "reduction", op)
@@ -130,6 +138,6 @@ def build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
     n = math.prod(shape[dims[0]:dims[-1] + 1])
     inner = math.prod(shape[dims[-1] + 1:])
     params = {**({"inner": inner} if inner > 1 else {}), **({"prologue": prologue} if prologue else {}),
-              **({"epilogue": epilogue} if epilogue else {})}
+              **({"epilogue": epilogue} if epilogue else {}), **variance_params(ctx, op)}
     ctx.note("context", f"{op} over dims {dims} of {_x(shape)}: {math.prod(shape) // n} results of {n} values")
     return KernelSpec("reduction", op, {"M": math.prod(shape) // n, "N": n}, _dtype(ctx), params)

@@ -33,8 +33,6 @@ _UNSUPPORTED = [  # (pattern, what it is); checked before anything could read pa
     (r"\btranspos\w*|\bpermut\w*|\breshap\w*|\bconcat\w*", "layout ops (transpose, permute, reshape, concat)"),
     (r"\beinsum\b", "einsum"),
     (r"\b(?:de)?quanti[sz]\w*", "quantization"),
-    (r"\bpopulation\s+variance\b|\bstd\b|\bstandard\s+deviation\b",
-     "standard deviation / population variance (say \"variance\" for torch.var's unbiased one)"),
 ]
 _UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine|cos|cosine|softplus|mish|elu"
                       r"|selu|celu|hard[\s_-]*(?:swish|sigmoid|tanh)|erf|reciprocal|floor|ceil)\b"
