@@ -74,3 +74,21 @@ def test_axes_named_in_words(text, dims, inner):
     spec = parse_request(text).spec
     assert spec is not None and spec.dims == dims and spec.params.get("inner") == inner
 
+
+
+@pytest.mark.parametrize("text, op, dims", [
+    # each was refused ("I could not tell what 1024 means here")
+    ("causal self attention with 12 heads of dim 64, sequence 1024, batch 8, fp16", "sdpa",
+     {"B": 8, "H": 12, "L": 1024, "S": 1024, "E": 64, "EV": 64}),
+    ("causal attention, batch 8, 12 heads, seq 1024, head dim 64, fp16", "sdpa",
+     {"B": 8, "H": 12, "L": 1024, "S": 1024, "E": 64, "EV": 64}),
+    ("transposed conv 2d, 64 to 32 channels, kernel 4, stride 2, padding 1, on 8x64x32x32", "conv_transpose2d",
+     {"N": 8, "C_in": 64, "C_out": 32, "H": 32, "W": 32, "OH": 64, "OW": 64}),
+    ("cross entropy loss of 4096 logits over 1000 classes", "cross_entropy", {"M": 4096, "N": 1000}),
+    ("cross entropy with 1000 classes and batch of 4096 samples", "cross_entropy", {"M": 4096, "N": 1000}),
+    # and these still read as before
+    ("triplet margin loss with margin 0.5 on 32768x8192 embeddings", "triplet_margin", {"M": 32768, "N": 8192}),
+])
+def test_sizes_said_in_other_words(text, op, dims):
+    spec = parse_request(text).spec
+    assert spec is not None and spec.op == op and spec.dims == dims

@@ -32,6 +32,8 @@ _SIZES = {  # key: patterns whose group v is the size
                rf"\b(?P<v>{_N})[\s_-]+keys\b"],
     "value_dim": [rf"\bvalue[\s_-]*(?:head[\s_-]*)?(?:dim(?:ension)?|size){_EQ}(?P<v>{_N})"],
 }
+_HEADS_OF_DIM = (rf"\b(?P<h>{_N})[\s_-]+(?:attention[\s_-]+)?heads\s+(?:of|with)\s+(?:head[\s_-]*)?"
+                 rf"(?:dim(?:ension)?|size)\s*(?:=|:|of)?\s*(?P<d>{_N})")
 _MASKS = [  # (pattern, mask kind), specific first
     (r"\b(?:add(?:itive)?|float|bias)[\s_-]+(?:attention[\s_-]+)?mask\b|\battention[\s_-]+bias\b", "add"),
     (r"\b(?:bool(?:ean)?|padding|key[\s_-]*padding)[\s_-]+(?:attention[\s_-]+)?mask\b", "keep"),
@@ -52,6 +54,9 @@ def read_attention(ctx: _Ctx) -> None:
         raise _Fail("attention dropout is random; the kernel computes dropout 0 only (inference).")
     for m in ctx.take(rf"\b(?:softmax[\s_-]+)?scal(?:e|ing)(?:[\s_-]*factor)?{_EQ}(?P<v>{NUM})"):
         att["scale"] = _number(m.group("v"))
+        ctx.note("attention", m.group(0).strip())
+    for m in ctx.take(_HEADS_OF_DIM):   # "12 heads of dim 64": both sizes in one phrase
+        att["heads"], att["head_dim"] = ctx.to_int(m.group("h")), ctx.to_int(m.group("d"))
         ctx.note("attention", m.group(0).strip())
     for key, patterns in _SIZES.items():
         for pattern in patterns:

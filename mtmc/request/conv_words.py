@@ -45,7 +45,7 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
 }
 _CHANNELS = [  # (pattern, which channel counts its groups give)
     (rf"\b(?P<a>{_N})\s+in(?:put)?\s+and\s+(?P<b>{_N})\s+out(?:put)?\s+channels\b", ("in", "out")),
-    (rf"\bfrom\s+(?P<a>{_N})\s+to\s+(?P<b>{_N})\s+channels\b|\b(?P<a2>{_N})\s*->\s*(?P<b2>{_N})\s+channels\b",
+    (rf"\b(?:from\s+)?(?P<a>{_N})\s+to\s+(?P<b>{_N})\s+channels\b|\b(?P<a2>{_N})\s*->\s*(?P<b2>{_N})\s+channels\b",
      ("in", "out")),
     (rf"\b(?:in(?:put)?[\s_-]*channels|c[\s_-]*in){_EQ}(?P<a>{_N})|\b(?P<a2>{_N})\s+in(?:put)?[\s_-]*channels\b",
      ("in",)),

@@ -145,7 +145,7 @@ _TUPLE = (rf"\[\s*{INT}(?:\s*,\s*{INT})*\s*,?\s*\]|\(\s*{INT}(?:\s*,\s*{INT})+\s
 _XSHAPE = r"(?<![\w.])\d+[km]?(?:\s*[x*]\s*\d+[km]?)+(?!\w|\.\d)"
 _BY_SHAPE = rf"{INT}(?:\s+by\s+{INT})+"
 _NAMED = rf"\b(?P<dims>(?:[bmnk]\s*[=:]\s*)+)(?P<v>{INT})"     # M=4096, M=N=K=1024
-_ROWS = r"(?:rows|tokens|vectors|samples|examples|items)\b"
+_ROWS = r"(?:rows|tokens|vectors|samples|examples|items|logits|predictions)\b"
 _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings first
     (rf"\b(?:a\s+)?batch\s+of\s+({INT})\s+{_ROWS}", ("rows",)),
     (rf"({INT})\s+{_ROWS}", ("rows",)),
@@ -162,6 +162,8 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
     (rf"({INT})\s+(?:batch(?:es)?|sequences|sentences|images)\b", ("batch",)),
     (rf"\b(?:seq(?:uence)?[\s_-]*len(?:gth)?|seqlen|context[\s_-]*(?:length|len))\s*(?:of|=|:|is)?\s*({INT})",
      ("seq",)),
+    (rf"\bseq(?:uence)?\s*(?:of|=|:|is)?\s*({INT})(?!\s*(?:x|by)\s*\d)", ("seq",)),   # "sequence 1024"
+    (rf"({INT})\s+(?:classes|categories|labels)\b", ("cols",)),                          # a loss's classes
     (rf"\brows?\s+of\s+(?:size\s+|length\s+|width\s+)?({INT})(?:\s+elements)?", ("cols",)),
     (rf"\b(?:width|row[\s_-]*(?:length|size|width)|hidden(?:[\s_-]*(?:size|dim\w*))?|d[\s_-]*model"
      rf"|embed\w*[\s_-]*(?:size|dim\w*)|feature[\s_-]*(?:size|dim\w*)|last[\s_-]*dim\w*|cols|columns"

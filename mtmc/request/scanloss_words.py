@@ -84,7 +84,8 @@ def _read_settings(ctx: _Ctx) -> None:
         if ctx.take(pattern):
             params[key] = True
             ctx.note("scan" if key != "log_target" else "loss", key)
-    ctx.take(r"\bloss(?:es)?\b|\b(?:logits|embeddings|predictions|targets|labels|probabilities)\b")
+    # ("4096 logits" is a size: the sizes phase reads it as rows)
+    ctx.take(r"\bloss(?:es)?\b|(?<!\d\s)\b(?:logits|predictions)\b|\b(?:embeddings|targets|labels|probabilities)\b")
 
 
 def build_scanloss(ctx: _Ctx, op: str) -> KernelSpec:
