@@ -86,6 +86,12 @@ def test_axes_named_in_words(text, dims, inner):
      {"N": 8, "C_in": 64, "C_out": 32, "H": 32, "W": 32, "OH": 64, "OW": 64}),
     ("cross entropy loss of 4096 logits over 1000 classes", "cross_entropy", {"M": 4096, "N": 1000}),
     ("cross entropy with 1000 classes and batch of 4096 samples", "cross_entropy", {"M": 4096, "N": 1000}),
+    ("matrix-vector product of a 4096x2048 matrix and a 2048 vector", "matmul", {"M": 4096, "N": 1, "K": 2048}),
+    ("a 4096 vector times a 4096x2048 matrix", "matmul", {"M": 1, "N": 2048, "K": 4096}),
+    ("batched matmul of 128 pairs of 512x64 and 64x512 matrices in bf16", "bmm", {"B": 128, "M": 512, "N": 512, "K": 64}),
+    ("grouped conv2d with 4 groups, 64 to 128 channels, 3x3, on 8x64x32x32", "conv2d",
+     {"N": 8, "C_in": 64, "C_out": 128, "H": 32, "W": 32, "OH": 30, "OW": 30}),
+    ("hardtanh between -0.5 and 0.5 of a 16x64 tensor", "chain", {"M": 16, "N": 64}),
     # and these still read as before
     ("triplet margin loss with margin 0.5 on 32768x8192 embeddings", "triplet_margin", {"M": 32768, "N": 8192}),
 ])

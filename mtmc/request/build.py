@@ -319,6 +319,8 @@ def _shape_dims(ctx: _Ctx, op: str, nk: bool) -> dict[str, int]:
     vectors = [s for s in ctx.shapes if len(s) == 1]     # a bias [N]
     if not shapes:
         raise _Fail(f"a matmul needs its operand shapes; I found only {', '.join(map(_x, vectors))}.")
+    if len(shapes) == 1 and len(vectors) == 1 and len(shapes[0]) == 2 and not _has_vector(ctx):
+        shapes, vectors = _matrix_vector(ctx, shapes[0], vectors[0]), []
     if len(shapes) == 1:
         shapes = _single_matmul_shape(ctx, shapes[0])
     a, b = shapes[0], shapes[1]
@@ -326,8 +328,8 @@ def _shape_dims(ctx: _Ctx, op: str, nk: bool) -> dict[str, int]:
         raise _Fail(f"a matmul needs 2-d (or batched 3-d) operands; got {_x(a)} and {_x(b)}.")
     dims = _pair_dims(ctx, a, b, nk)
     if vectors and not _has_vector(ctx):
-        raise _Fail(f"I found a vector of size {vectors[0][0]}: a matrix-vector product is not supported "
-                    "yet (give it as a matrix, e.g. 4096x1), and there is no bias to give it to.")
+        raise _Fail(f"I found a vector of size {vectors[0][0]} beside two matrices, and there is no bias to give "
+                    "it to.")
     if any(v != [dims["N"]] for v in vectors):
         raise _Fail(f"a bias of size {vectors[0][0]} does not fit the matmul output width N={dims['N']}.")
     out = [*([dims["B"]] if "B" in dims else []), dims["M"], dims["N"]]
@@ -336,6 +338,18 @@ def _shape_dims(ctx: _Ctx, op: str, nk: bool) -> dict[str, int]:
             raise _Fail(f"I found a third shape {_x(extra)} that is not the result {_x(out)}; give the two "
                         "operand shapes.")
     return dims
+
+
+def _matrix_vector(ctx: _Ctx, matrix: list[int], vector: list[int]) -> list[list[int]]:
+    """A matrix and a vector with no bias to be: the vector as the one-column matrix it fits
+    (M x K times K), else as a one-row one (K times K x N), as torch.matmul treats it."""
+    if vector == matrix[-1:]:
+        ctx.assume(f"the vector of {vector[0]} read as a {vector[0]}x1 matrix (a matrix-vector product, N=1)")
+        return [matrix, [vector[0], 1]]
+    if vector == matrix[:1]:
+        ctx.assume(f"the vector of {vector[0]} read as a 1x{vector[0]} matrix (a vector-matrix product, M=1)")
+        return [[1, vector[0]], matrix]
+    raise _Fail(f"a vector of {vector[0]} fits neither side of the {_x(matrix)} matrix.")
 
 
 def _single_matmul_shape(ctx: _Ctx, shape: list[int]) -> list[list[int]]:

@@ -166,9 +166,25 @@ def epilogue_after(ctx: _Ctx, what: str) -> list[dict]:
     return _steps([it for it in order[core_at + 1:] if not it.is_core])
 
 
+BARE_KERNEL_MAX = 15   # "..., 3x3, on 8x64x32x32": a small shape of the input's spatial rank is the kernel
+
+
+def _bare_kernel(ctx: _Ctx, conv: dict) -> None:
+    """A second, small shape with one size per spatial dim of the one input shape, and no kernel
+    said otherwise: the kernel ("grouped conv2d, 64 to 128 channels, 3x3, on 8x64x32x32")."""
+    if conv.get("kernel") is not None or len(ctx.shapes) != 2:
+        return
+    x, k = sorted(ctx.shapes, key=len, reverse=True)
+    if len(k) == len(x) - 2 and max(k) <= BARE_KERNEL_MAX:
+        ctx.shapes.remove(k)
+        conv["kernel"] = k
+        ctx.assume(f"{_x(k)} read as the kernel size")
+
+
 def build_conv(ctx: _Ctx, op: str) -> object:
     conv = getattr(ctx, "conv", {})
     _values(ctx, "conv")
+    _bare_kernel(ctx, conv)
     x, r = spatial_input(ctx, conv.get("rank"), "conv", "16x64x56x56", "give the kernel as 'kernel 3x3' or '3x3 conv'")
     c_in = x[1]
     if conv.get("in") not in (None, c_in):

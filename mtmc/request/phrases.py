@@ -159,7 +159,7 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
     (rf"\bfrom\s+({INT})\s+to\s+({INT})\b", ("in_features", "out_features")),
     (rf"({INT})\s*->\s*({INT})", ("in_features", "out_features")),
     (rf"\bbatch(?:[\s_-]*size)?\s*(?:of|=|:|is)?\s*({INT})", ("batch",)),
-    (rf"({INT})\s+(?:batch(?:es)?|sequences|sentences|images)\b", ("batch",)),
+    (rf"({INT})\s+(?:batch(?:es)?|sequences|sentences|images|pairs)\b", ("batch",)),
     (rf"\b(?:seq(?:uence)?[\s_-]*len(?:gth)?|seqlen|context[\s_-]*(?:length|len))\s*(?:of|=|:|is)?\s*({INT})",
      ("seq",)),
     (rf"\bseq(?:uence)?\s*(?:of|=|:|is)?\s*({INT})(?!\s*(?:x|by)\s*\d)", ("seq",)),   # "sequence 1024"
@@ -173,6 +173,7 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
 ]
 _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+)?({INT})",
             rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
+            rf"(?<![\w.])({INT})[\s-]*(?:(?:element|long|dim(?:ensional)?)[\s-]+)?vector\b",
             rf"({INT})[\s-]+(?:(?:random|input|contiguous)[\s-]+)?(?:elements?|values|numbers|entries|floats)\b"
             r"(?:\s+(?:vector|array|tensor))?"]
 

@@ -46,6 +46,8 @@ _ACTIVATIONS = [
 ]
 _HARDTANH = (rf"\bhard[\s_-]?tanh\b{_V}min(?:_val)?{_EQ}(?P<lo>{NUM})\s*,?\s*(?:and\s+)?max(?:_val)?{_EQ}"
              rf"(?P<hi>{NUM})\s*\)?)?")
+_HARDTANH_RANGE = (rf"\bhard[\s_-]?tanh\s+(?:between|from|in|within|to|clipping\s+to)\s+[\[(]?\s*(?P<lo>{NUM})\s*"
+                   rf"(?:and|to|,)\s*(?P<hi>{NUM})\s*[\])]?")   # "hardtanh between -0.5 and 0.5"
 _POWER = (rf"\b(?:to\s+the\s+power\s+(?:of\s+)?|raised\s+to\s+(?:the\s+power\s+(?:of\s+)?)?|pow(?:er)?\s*\(?\s*"
           rf"(?:x\s*,\s*)?|\bx\s*\*\*\s*)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
 _REDUCTIONS = [
@@ -62,7 +64,7 @@ _ALL_DIMS = r"\b(?:over|along|across)\s+(?:all\s+(?:the\s+)?(?:dims|dimensions|a
 
 def read_pointred(ctx: _Ctx) -> None:
     """Take the activation and reduction words (see the module doc)."""
-    for m in ctx.take(_HARDTANH):
+    for m in [*ctx.take(_HARDTANH_RANGE), *ctx.take(_HARDTANH)]:
         lo = _number(m.group("lo")) if m.group("lo") else -1.0
         hi = _number(m.group("hi")) if m.group("hi") else 1.0
         if lo > hi:
