@@ -46,8 +46,21 @@ def test_refusals_say_why(text, why):
     ("relu(x) + relu(y) on two 4096x4096 fp16 tensors", [{"op": "relu"}, {"op": "add", "pre": [{"op": "relu"}]}]),
     ("x * sigmoid(y) on 8192x8192 bf16", [{"op": "mul", "pre": [{"op": "sigmoid"}]}]),
     ("x - tanh(y) on 64x64", [{"op": "sub", "pre": [{"op": "tanh"}]}]),
+    # calls on a tensor in the order they apply: the word phases took "sqrt", "log", "elu" as
+    # words, in the order written, and gave sqrt -> relu, log -> exp -> shift, elu(1) -> scale
+    ("sqrt(relu(x)) on 64x64", [{"op": "relu"}, {"op": "sqrt"}]),
+    ("log(1 + exp(x)) on 64x64", [{"op": "exp"}, {"op": "shift", "value": 1.0}, {"op": "log"}]),
+    ("F.elu(x, alpha=0.5) on 64x64", [{"op": "elu", "value": 0.5}]),
+    ("F.softplus(x, beta=2) on 64x64", [{"op": "softplus", "value": 2.0, "threshold": 20.0}]),
+    ("hardtanh(x, -2, 2) on 64x64", [{"op": "clamp_min", "value": -2.0}, {"op": "clamp_max", "value": 2.0}]),
+    # activations written out are found by their values (x * tanh(softplus(x)) was tanh -> softplus)
+    ("x * torch.tanh(F.softplus(x)) on 64x64", [{"op": "mish"}]),
+    ("0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0)))) on 64x64",
+     [{"op": "gelu_tanh"}]),
+    ("x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))) on 64x64", [{"op": "gelu"}]),
+    ("x / (1 + abs(x)) on 64x64", [{"op": "softsign"}]),
 ])
-def test_two_tensor_formulas_are_one_chain(text, chain):
+def test_formulas_are_one_chain_in_the_order_they_apply(text, chain):
     assert spec_of(text).params["chain"] == chain
 
 

@@ -22,7 +22,12 @@ _RESIDUAL_NAMES = {"r", "res", "residual", "skip", "shortcut"}
 _MAIN_NAMES = ("x", "input", "inputs", "inp", "a", "h", "hidden", "logits", "scores", "act")
 _UNARY_FUNCS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu", "sigmoid": "sigmoid",
                 "tanh": "tanh", "exp": "exp", "abs": "abs", "neg": "neg", "negative": "neg",
-                "square": "square"}
+                "square": "square", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "reciprocal",
+                "sign": "sign", "erf": "erf", "mish": "mish", "selu": "selu", "hardsigmoid": "hardsigmoid",
+                "hardswish": "hardswish", "softsign": "softsign", "logsigmoid": "log_sigmoid",
+                "log_sigmoid": "log_sigmoid"}
+# one-input functions with a number (x, value) and its keyword and default: softplus(x, beta)
+_VALUE_FUNCS = {"softplus": ("beta", 1.0), "elu": ("alpha", 1.0), "celu": ("alpha", 1.0)}
 _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "log_softmax"),
                "logsoftmax": ("softmax", "log_softmax"), "layer_norm": ("norm", "layernorm"),
                "layernorm": ("norm", "layernorm"), "rms_norm": ("norm", "rmsnorm"),
@@ -31,14 +36,14 @@ _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "lo
                "argmax": ("reduction", "argmax"), "argmin": ("reduction", "argmin")}
 _BOUND_FUNCS = {"max": "clamp_min", "maximum": "clamp_min", "fmax": "clamp_min",
                 "min": "clamp_max", "minimum": "clamp_max", "fmin": "clamp_max"}
-_OTHER_FUNCS = {"leaky_relu", "relu6", "clamp", "clip", "clamp_min", "clamp_max", "linear", "sqrt", "t",
-                "transpose"}
+_OTHER_FUNCS = {"leaky_relu", "relu6", "hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "linear", "sqrt", "t",
+                "transpose", "pow"}
 # Known functions outside the vocabulary: a formula using them fails with a clear reason.
-_UNSUPPORTED_FUNCS = {"log", "log1p", "log2", "sin", "cos", "tan", "softplus", "mish", "elu", "selu", "celu",
-                      "hardswish", "hardsigmoid", "hardtanh", "erf", "rsqrt", "reciprocal", "pow", "floor",
-                      "ceil", "round", "sign", "div", "dropout", "conv2d", "conv1d", "cumsum", "var", "std"}
-_KNOWN_FUNCS = (set(_UNARY_FUNCS) | set(_CORE_FUNCS) | set(_BOUND_FUNCS) | _OTHER_FUNCS
+_UNSUPPORTED_FUNCS = {"log1p", "log2", "sin", "cos", "tan", "floor", "ceil", "round", "div", "dropout", "conv2d",
+                      "conv1d", "cumsum", "var", "std"}
+_KNOWN_FUNCS = (set(_UNARY_FUNCS) | set(_VALUE_FUNCS) | set(_CORE_FUNCS) | set(_BOUND_FUNCS) | _OTHER_FUNCS
                 | _UNSUPPORTED_FUNCS)
+_CONSTANTS = {"pi": math.pi}   # names a formula may use as numbers (math.pi)
 
 
 class _NoFormula(Exception):
@@ -191,7 +196,7 @@ def _is_formula(node) -> bool:
     """A real formula: an operator or call, over variable names, calling known functions only."""
     if node[0] in ("name", "num", "str"):
         return False
-    names, calls = _leaves(node, "name"), _leaves(node, "call")
+    names, calls = [n for n in _leaves(node, "name") if n not in _CONSTANTS], _leaves(node, "call")
     return (bool(names) and all(_rx(rf"(?:{_VARS})").fullmatch(n) for n in names)
             and all(c in _KNOWN_FUNCS for c in calls))
 
@@ -225,7 +230,7 @@ def _read_formulas(ctx: _Ctx) -> None:
 
 def _formula_items(ctx: _Ctx, node, start: int, end: int) -> None:
     """Items for a formula, in application order; steps before its core op apply to the input."""
-    names = _leaves(node, "name")
+    names = [n for n in _leaves(node, "name") if n not in _CONSTANTS]
     main = next((n for n in _MAIN_NAMES if n in names), names[0])
     entries = _Walker(main, ctx).walk(node)
     words = ctx.norm[start:end].strip()
@@ -343,6 +348,11 @@ class _Walker:
             for a, b in ((left, right), (right, left)):
                 if b[0] == "call" and b[1] == "sigmoid" and b[2] == [a] and not b[3]:
                     return self.walk(a) + [("step", {"op": "silu"})]
+        # a known activation written out (x * tanh(softplus(x)), 0.5 * x * (1 + erf(x / sqrt(2)))):
+        # found by its values, as the vocabulary's one-input op (times a number) it equals
+        steps = _written_out(node, self.main)
+        if steps is not None:
+            return [("step", s) for s in steps]
         self.fail(node, "it uses the input twice in a way the pointwise vocabulary has no op for")
 
     def call(self, node) -> list:
@@ -354,7 +364,24 @@ class _Walker:
             return [("core", "matmul", "matmul")] + ([("step", {"op": "bias"})] if len(args) > 2 else [])
         if not args:
             self.fail(node, "it has no input")
+        if self.has_input(args[0]) and _uses_input_twice(args[0], self.main):
+            steps = _written_out(node, self.main)   # tanh(softplus(x)) * x is one op, not two
+            if steps is not None:
+                return [("step", s) for s in steps]
         inner = self.walk(args[0])
+        if name in _VALUE_FUNCS:
+            key, default = _VALUE_FUNCS[name]
+            value = _const(kwargs.get(key, args[1] if len(args) > 1 else ("num", default)))
+            if value is None or (name == "softplus" and value == 0):
+                self.fail(node, f"its {key} must be a non-zero number")
+            extra = {"threshold": _const(kwargs.get("threshold", args[2] if len(args) > 2 else ("num", 20.0)))} \
+                if name == "softplus" else {}
+            return inner + [("step", {"op": name, "value": value, **extra})]
+        if name == "pow":
+            exponent = _const(args[1]) if len(args) > 1 else None
+            if exponent is None:
+                self.fail(node, "the exponent must be a number")
+            return inner + [("step", {"op": "square"} if exponent == 2 else {"op": "pow", "value": exponent})]
         if name in _UNARY_FUNCS:
             approx = kwargs.get("approximate")
             tanh = name == "gelu" and approx is not None and approx[1] == "tanh"
@@ -387,6 +414,11 @@ class _Walker:
         rest = [_const(a) for a in args[1:]]
         if name == "relu6":
             return [{"op": "clamp_min", "value": 0.0}, {"op": "clamp_max", "value": 6.0}]
+        if name == "hardtanh":
+            lo = _const(kwargs.get("min_val", args[1] if len(args) > 1 else ("num", -1.0)))
+            hi = _const(kwargs.get("max_val", args[2] if len(args) > 2 else ("num", 1.0)))
+            if lo is not None and hi is not None:
+                return [{"op": "clamp_min", "value": lo}, {"op": "clamp_max", "value": hi}]
         if name == "leaky_relu":
             given = kwargs.get("negative_slope", args[1] if len(args) > 1 else ("num", DEFAULT_LEAKY_SLOPE))
             slope = _const(given)
@@ -421,6 +453,8 @@ def _const(node) -> float | None:
     kind = node[0]
     if kind == "num":
         return node[1]
+    if kind == "name" and node[1] in _CONSTANTS:
+        return _CONSTANTS[node[1]]
     if kind == "neg":
         v = _const(node[1])
         return None if v is None else -v
@@ -457,3 +491,67 @@ def _show(node) -> str:
         return f"({_show(node[2])} {node[1]} {_show(node[3])})"
     args = [_show(a) for a in node[2]] + [f"{k}={_show(v)}" for k, v in node[3].items()]
     return f"{node[1]}({', '.join(args)})"
+
+
+# -- activations written out, recognised by their values --------------------------------------
+
+_PROBE = (-8.0, 8.0, 801)   # where a written-out formula is compared with the vocabulary's ops
+
+
+def _uses_input_twice(node, main: str) -> bool:
+    return _leaves(node, "name").count(main) > 1
+
+
+def _evaluate(node, main: str, x):
+    """The formula's value at the float64 tensor x (the input named `main`), or None where it
+    has a part this cannot compute (another tensor, an unknown function)."""
+    import torch
+    kind = node[0]
+    if kind == "num":
+        return node[1]
+    if kind == "name":
+        return x if node[1] == main else _CONSTANTS.get(node[1])
+    if kind == "neg":
+        v = _evaluate(node[1], main, x)
+        return None if v is None else -v
+    if kind == "bin" and node[1] != "@":
+        a, b = _evaluate(node[2], main, x), _evaluate(node[3], main, x)
+        if a is None or b is None:
+            return None
+        op = node[1]
+        return (a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b if op == "/"
+                else torch.pow(torch.as_tensor(a, dtype=torch.float64), b))
+    if kind == "call":
+        args = [_evaluate(a, main, x) for a in node[2]]
+        kwargs = {k: (v[1] if v[0] == "str" else _evaluate(v, main, x)) for k, v in node[3].items()}
+        fn = getattr(torch, node[1], None) or getattr(torch.nn.functional, node[1], None)
+        if fn is None or any(a is None for a in args) or any(v is None for v in kwargs.values()):
+            return None
+        args = [torch.as_tensor(a, dtype=torch.float64) if i == 0 else a for i, a in enumerate(args)]
+        try:
+            return fn(*args, **kwargs)
+        except (TypeError, RuntimeError, ValueError):
+            return None
+    return None
+
+
+def _written_out(node, main: str) -> list[dict] | None:
+    """The vocabulary's one-input op (then a scale, when it is that op times a number) whose
+    values equal the formula's over [-8, 8], or None."""
+    import torch
+    x = torch.linspace(*_PROBE, dtype=torch.float64)
+    f = _evaluate(node, main, x)
+    if not isinstance(f, torch.Tensor) or f.shape != x.shape or not bool(torch.isfinite(f).all()):
+        return None
+    for op, (_, torch_expr) in pointwise.UNARY.items():
+        g = eval(torch_expr.format(x="x"), {"torch": torch, "x": x})   # noqa: S307 (our own table)
+        if not bool(torch.isfinite(g).all()):
+            continue
+        if torch.allclose(f, g, rtol=1e-6, atol=1e-9):
+            return [{"op": op}]
+        big = g.abs() > 1e-3
+        if int(big.sum()) > 10:
+            c = float((f[big] / g[big]).median())
+            if c != 0 and torch.allclose(f, c * g, rtol=1e-6, atol=1e-9):
+                return [{"op": op}, {"op": "scale", "value": c}]
+    return None

@@ -179,6 +179,9 @@ _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+
 
 
 def _read_sizes(ctx: _Ctx) -> None:
+    # shapes inside a call ("F.layer_norm(x, (4096,))") are sizes; the calls were kept only from
+    # the word phases before this one, the formula phase reads them next
+    ctx.calls = []
     for pattern, split in ((_TUPLE, r"[^\dkm]+"), (_XSHAPE, r"\s*[x*]\s*")):
         for m in ctx.take(pattern):
             _add_shape(ctx, m, [t for t in re.split(split, m.group(0)) if t])

@@ -107,6 +107,24 @@ def _number_word(m: re.Match) -> str:
     return str(int(value)) if value == int(value) else m.group(0)   # "1.0000005 million": left to refuse
 
 
+_CALL_OPEN = r"(?<![\w.])(?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*\s*\("
+_TENSOR_VAR = (r"(?<![\w.])(?:[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other"
+               r"|gate|logits|scores|act|mask)(?=\s*(?:[-,)*+/^@]|\*\*|\.\w|$))")
+
+
+def _tensor_calls(text: str) -> list[tuple[int, int]]:
+    """Spans of `name(...)` whose arguments name a tensor (x, y, input ...): formulas."""
+    spans = []
+    for m in _rx(_CALL_OPEN).finditer(text):
+        depth, end = 1, m.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        if depth == 0 and _rx(_TENSOR_VAR).search(text[m.end():end - 1]):
+            spans.append((m.start(), end))
+    return spans
+
+
 class _Ctx:
     def __init__(self, text: str):
         self.request = text
@@ -126,10 +144,16 @@ class _Ctx:
         self.reduce_dim: str | int | None = None
         self.understood: dict = {}
         self.assumptions: list[str] = []
+        # calls on a tensor ("sqrt(relu(x))", "F.elu(x, alpha=0.5)") are the formula phase's: the
+        # word phases before it once took their function names as words, in the order written
+        # (sqrt then relu), and the formula was lost
+        self.calls = _tensor_calls(norm)
 
     def take(self, pattern: str) -> list[re.Match]:
-        """Every match of pattern in the text not used yet; the matches become used."""
-        found = list(_rx(pattern).finditer(self.s))
+        """Every match of pattern in the text not used yet (and outside the calls on a tensor the
+        formula phase reads); the matches become used."""
+        found = [m for m in _rx(pattern).finditer(self.s)
+                 if not any(a <= m.start() < b for a, b in self.calls)]
         for m in found:
             self.s = self.s[:m.start()] + " " * (m.end() - m.start()) + self.s[m.end():]
         return found
