@@ -647,3 +647,39 @@ def test_no_time_skips_the_end_to_end_timing_child(monkeypatch):
     assert not started and not got["timing"]["measured"] and "--no-time" in got["timing"]["error"]
     module_flow.time_it(state, SimpleNamespace(context=Context()))
     assert len(started) == 1   # and the default still times it
+
+
+READ_TWICE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.norm = nn.GroupNorm(8, 32)
+        self.act = nn.LeakyReLU(0.01)
+
+    def forward(self, x):
+        x = self.act(self.norm(self.fc(x)))
+        return x + x
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_value_the_group_reads_twice_is_replaced_once(tmp_path):
+    """KernelBench L2 62's `x = leaky_relu(x); x + x`: the assembly erased the leaky_relu node twice
+    (torch.fx warned "erase_node on an already erased node")."""
+    import warnings
+    cap, part = captured_source(tmp_path, READ_TWICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_assembled_matches(tmp_path, READ_TWICE, cap, part)

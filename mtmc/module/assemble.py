@@ -226,7 +226,8 @@ def rewrite(desc: dict, groups: list[Group]) -> tuple[fx.Graph, dict[str, int]]:
     stand_ins = {}
     erased: set[str] = set()
     for group in groups:
-        live = [nodes[n] for n in group.nodes if n not in erased]
+        # once each: a value read twice by the group (leaky_relu(x) + leaky_relu(x)) is listed twice
+        live = list(dict.fromkeys(nodes[n] for n in group.nodes if n not in erased))
         last = max(live, key=_position(graph))
         with graph.inserting_before(last):
             args = [nodes[a["node"]] if "node" in a else graph.get_attr(a["attr"]) for a in group.args]
