@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from mtmc.kernels import pointwise
-from mtmc.request.reading import DEFAULT_LEAKY_SLOPE, _Ctx, _Fail, _Item, _rx, _vocabulary
+from mtmc.request.reading import DEFAULT_LEAKY_SLOPE, VARS, _Ctx, _Fail, _Item, _rx, _vocabulary
 
 
 # -- phase 4: formulas ("relu(x + y)", "x @ W^T + b") ----------------------------------------
@@ -15,8 +15,6 @@ _TOKEN = (r"\s*(?:(?P<arrow>->)|(?P<num>(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
           r"|(?P<op>\*\*|[-+*/@^(),=])|(?P<other>\S))")
 _BIN_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "**": 4, "^": 4}
 _NAMESPACES = {"torch", "nn", "functional", "f", "math", "tl", "np", "numpy", "triton", "special"}
-_VARS = (r"[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other|gate|logits"
-         r"|scores|act|mask")
 _BIAS_NAMES = {"b", "bias"}
 _RESIDUAL_NAMES = {"r", "res", "residual", "skip", "shortcut"}
 _MAIN_NAMES = ("x", "input", "inputs", "inp", "a", "h", "hidden", "logits", "scores", "act")
@@ -196,9 +194,14 @@ def _is_formula(node) -> bool:
     """A real formula: an operator or call, over variable names, calling known functions only."""
     if node[0] in ("name", "num", "str"):
         return False
-    names, calls = [n for n in _leaves(node, "name") if n not in _CONSTANTS], _leaves(node, "call")
-    return (bool(names) and all(_rx(rf"(?:{_VARS})").fullmatch(n) for n in names)
+    names, calls = _tensor_names(node), _leaves(node, "call")
+    return (bool(names) and all(_rx(rf"(?:{VARS})").fullmatch(n) for n in names)
             and all(c in _KNOWN_FUNCS for c in calls))
+
+
+def _tensor_names(node) -> list[str]:
+    """The names a formula reads, without the constants it names (math.pi)."""
+    return [n for n in _leaves(node, "name") if n not in _CONSTANTS]
 
 
 def _tokens(text: str) -> list[tuple[str, str, int, int]]:
@@ -230,7 +233,7 @@ def _read_formulas(ctx: _Ctx) -> None:
 
 def _formula_items(ctx: _Ctx, node, start: int, end: int) -> None:
     """Items for a formula, in application order; steps before its core op apply to the input."""
-    names = [n for n in _leaves(node, "name") if n not in _CONSTANTS]
+    names = _tensor_names(node)
     main = next((n for n in _MAIN_NAMES if n in names), names[0])
     entries = _Walker(main, ctx).walk(node)
     words = ctx.norm[start:end].strip()
@@ -376,6 +379,8 @@ class _Walker:
                 self.fail(node, f"its {key} must be a non-zero number")
             extra = {"threshold": _const(kwargs.get("threshold", args[2] if len(args) > 2 else ("num", 20.0)))} \
                 if name == "softplus" else {}
+            if None in extra.values():
+                self.fail(node, "its threshold must be a number")
             return inner + [("step", {"op": name, "value": value, **extra})]
         if name == "pow":
             exponent = _const(args[1]) if len(args) > 1 else None

@@ -108,8 +108,10 @@ def _number_word(m: re.Match) -> str:
 
 
 _CALL_OPEN = r"(?<![\w.])(?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*\s*\("
-_TENSOR_VAR = (r"(?<![\w.])(?:[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other"
-               r"|gate|logits|scores|act|mask)(?=\s*(?:[-,)*+/^@]|\*\*|\.\w|$))")
+# the names a formula reads tensors by (formulas._is_formula takes the same)
+VARS = (r"[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other|gate|logits"
+        r"|scores|act|mask")
+_TENSOR_VAR = rf"(?<![\w.])(?:{VARS})(?=\s*(?:[-,)*+/^@]|\*\*|\.\w|$))"
 
 
 def _tensor_calls(text: str) -> list[tuple[int, int]]:

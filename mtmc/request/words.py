@@ -251,7 +251,7 @@ _AXIS_NUMBER = r"\b(?:dim|axis|dimension)\s*(?:=|:)?\s*(?P<d>-?\d+)(?!\w|\.\d)"
 # dim" is dim 1, "the batch dim" dim 0; "the middle dim" (dim 1 of a 3-d tensor), "the spatial
 # dims" / "height and width" (every dim after the channels) and "the last two dims" depend on the
 # rank, so they stay words until the shape resolves them (symbolic_axis)
-_ORDINALS = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4, "middle": "middle"}
+_ORDINALS = {"second": 1, "third": 2, "fourth": 3, "fifth": 4, "middle": "middle"}
 _AXIS_ORDINAL = (r"\b(?:over|along|across)\s+(?:the\s+)?(?P<o>second|third|fourth|fifth|middle)\s+"
                  r"(?:dim\w*|axis)\b")
 _OVER = r"\b(?:over|along|across)\s+(?:the\s+|all\s+(?:the\s+)?)?"
