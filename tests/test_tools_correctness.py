@@ -70,3 +70,25 @@ def test_the_fp32_reference_still_rejects_a_wrong_output(task):
     judge = correctness.truth_judge(correctness.reference_namespace(task), task, [x], "cpu", "float32")
     assert judge(torch.softmax(x, -1))[0]
     assert not judge(torch.softmax(x, -1) * 1.01)[0]
+
+
+def test_the_fp32_reference_runs_without_tf32(task):
+    # cuDNN's default TF32 fp32 convs are ~10x the fp32 tolerance off: an fp32 reference made so
+    # rejected a correct conv kernel on an H100.  The flags are read inside the reference call.
+    seen = []
+    ns = correctness.reference_namespace(task)
+    real = ns["reference"]
+
+    def reference(*xs):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return real(*xs)
+    ns["reference"] = reference
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        x = torch.randn(6, 50)
+        assert correctness.truth_judge(ns, task, [x], "cpu", "float32")(torch.softmax(x, -1))[0]
+        assert seen == [(False, False)]
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32   # restored
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

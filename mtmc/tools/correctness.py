@@ -11,6 +11,7 @@ fit; inputs over CLONE_LIMIT_BYTES are checked unchanged by a checksum of their 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -121,6 +122,21 @@ def judge(dtype: str, out, ref, scale) -> tuple[bool, str, float, float]:
     return True, "matches the float64 reference", max_abs, max_rel
 
 
+@contextlib.contextmanager
+def ieee_fp32():
+    """PyTorch's fp32 convs and matmuls in IEEE fp32 inside the block.  cuDNN runs fp32 convs on
+    TF32 tensor cores by default (torch.backends.cudnn.allow_tf32), ~1e-3 relative error: ten
+    times the fp32 tolerance, so an fp32 reference made so rejected a correct conv (L1 63 on an
+    H100: 0.3 % of 2.1e9 outputs "wrong")."""
+    import torch
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+
+
 def truth_judge(ns: dict, task: dict, inputs, where, precision: str = "float64"):
     """judge(out) -> verdict against the family's float64 reference (or its own compare) of
     `inputs` on `where`; the truth is computed once, so many outputs of the same inputs (the
@@ -131,8 +147,9 @@ def truth_judge(ns: dict, task: dict, inputs, where, precision: str = "float64")
     x64 = [x.to(where, wide) if x.is_floating_point() else x.to(where) for x in inputs]
     if "compare" in ns:
         return lambda out: ns["compare"](out.to(where), *x64)
-    ref = ns["reference"](*x64)
-    scale = ns["error_scale"](*x64) if "error_scale" in ns else ref.abs()
+    with ieee_fp32():
+        ref = ns["reference"](*x64)
+        scale = ns["error_scale"](*x64) if "error_scale" in ns else ref.abs()
     return lambda out: judge(task["dtype"], out.to(where), ref, scale)
 
 
