@@ -299,6 +299,8 @@ def variant_job(job: dict) -> dict:
               # a pass over the output only where zeros or a constant already passes the tolerance
               "constant": [numeric.exact_constant(r) if {"zeros", "a constant"} & set(names) else None
                            for r, names in zip(judged_by, loose)],
+              "rounding_zero": [truth is not None and "zeros" in names and numeric.rounding_zero(r, e)
+                                for r, e, names in zip(judged_by, eager, loose)],
               "inputs_fingerprint": [numeric.fingerprint(x) for x in flat_tensors(inputs) if x.is_floating_point()]}
     if _RUN["time"] and _RUN["device"] == "cuda" and _RUN["eager_ms"] is None:
         from mtmc.tools.timing import bench_ms
