@@ -51,6 +51,7 @@ FULL_SIZE = {
     "softmax_dims.py": {"B": 32, "C": 64, "H": 128, "W": 128, "L": 16384},
     "where_forms.py": {"shape": (16, 2048, 2048)},
     "torch_aliases.py": {"batch_size": 64, "size": 256},
+    "tensor_constants.py": {"batch_size": 128, "size": 256},
     "shape_control_flow.py": {"batch_size": 65536, "seq_len": 16},
     "conv_padding_modes.py": {"batch": 16, "size": 224, "length": 65536},
     # the graph stage's rewrites (module.graph_stage), at KernelBench level-2 sizes

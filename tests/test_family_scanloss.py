@@ -66,6 +66,8 @@ ROW_LOSSES = [("cross_entropy", {}), ("cross_entropy", {"reduction": "none"}),
               ("triplet_margin", {"p": 1.0, "swap": True, "reduction": "sum"}),
               ("triplet_margin", {"p": 3.0, "margin": 0.3, "reduction": "none"}),
               ("cosine_similarity", {"reduction": "none"}),
+              # cos(a, b).mean() with no epilogue: the reference returned the rows unreduced
+              ("cosine_similarity", {}), ("cosine_similarity", {"reduction": "sum"}),
               ("cosine_similarity", {"epilogue": [{"op": "neg"}, {"op": "shift", "value": 1.0}]}),
               ("cosine_embedding", {"margin": 0.2})]
 

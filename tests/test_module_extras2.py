@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtmc.module.capture import capture
 from mtmc.module.fusion import partition
@@ -92,3 +93,26 @@ def test_control_flow_on_values_is_still_refused(tmp_path):
         "if x.size(-1) != 8:", "if x.sum() > 0:"))
     cap = capture(str(path))
     assert any("control flow on a traced value" in p["reason"] for p in cap["problems"]), cap["problems"]
+
+
+def test_tensor_constants_in_forward_are_captured_and_fused(tmp_path):
+    """torch.tensor(c) inside forward made capture give up on Model.forward ("builds a tensor
+    constant"): KernelBench L2 31 came back as a lone conv group, its tail left in PyTorch."""
+    source = (MODULES / "tensor_constants.py").read_text()
+    cap = capture(str(MODULES / "tensor_constants.py"))
+    assert cap["problems"] == [], cap["problems"]
+    part = partition(cap)
+    assert len(part.groups) == 1 and part.groups[0].family == "conv"
+    steps = part.groups[0].spec["params"]["epilogue"]
+    assert {"op": "clamp_max", "value": 0.5} in steps and {"op": "clamp_min", "value": -0.25} in steps
+    assert {"op": "shift", "value": -1.5} in steps
+    assert {t["why"].split(":")[0] for t in part.torch_ops} <= {"a constant made from Python numbers"}
+    assert_model_new_matches(tmp_path, source, cap, part, changed={"bias": torch.randn(8, 1, 1)})
+
+
+def test_a_large_tensor_constant_in_forward_is_still_refused(tmp_path):
+    path = tmp_path / "big_constant.py"
+    path.write_text((MODULES / "tensor_constants.py").read_text().replace(
+        "torch.tensor(-0.25)", "torch.tensor([float(i) for i in range(100)])[:1]"))
+    cap = capture(str(path))
+    assert any("tensor constant" in p["reason"] for p in cap["problems"]), cap["problems"]

@@ -375,6 +375,32 @@ def _trace_keeping_state(tracer, mod, defaults: dict):
     return graph, assigned
 
 
+# A tensor the forward builds from Python numbers (torch.tensor(self.constant_value), KernelBench
+# L2 31) up to this many elements is kept in the graph as that call; a larger one is refused.
+MAX_CONSTANT_ELEMENTS = 64
+
+
+def _constant_as_call(graph, node, t, path: str) -> None:
+    """Replace fx's `_tensor_constant` attribute (a tensor made while tracing) by the torch.tensor
+    call that makes it, so the graph stays plain data; refused unless it is a few numbers."""
+    import torch
+    values = None
+    if type(t).__name__ == "FakeTensor":   # made under fake tensors: a 0-d one keeps its value
+        t = getattr(t, "constant", None)
+    if isinstance(t, torch.Tensor) and type(t) is torch.Tensor and not t.requires_grad \
+            and t.numel() <= MAX_CONSTANT_ELEMENTS and t.device.type == "cpu":
+        values = t.tolist()
+    if values is None:
+        line = _line_of(node.stack_trace, path)
+        raise Untraceable(f"{os.path.basename(path)} line {line}" if line else "",
+                          "the forward builds a tensor constant of more than a few numbers while it runs")
+    with graph.inserting_before(node):
+        made = graph.call_function(torch.tensor, (values,), {"dtype": t.dtype})
+    made.stack_trace = node.stack_trace
+    node.replace_all_uses_with(made)
+    graph.erase_node(node)
+
+
 def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     """The graph of `mod` (at `prefix` in the model) for its recorded `call`, and the
     submodules kept opaque."""
@@ -402,11 +428,9 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     if assigned:
         raise Untraceable("", f"the forward assigns {', '.join(assigned)}: state it changes as it runs "
                               "cannot be captured as a graph")
-    for n in graph.nodes:
+    for n in list(graph.nodes):
         if n.op == "get_attr" and n.target.startswith("_tensor_constant"):
-            line = _line_of(n.stack_trace, path)
-            raise Untraceable(f"{os.path.basename(path)} line {line}" if line else "",
-                              "the forward builds a tensor constant while it runs")
+            _constant_as_call(graph, n, mod.__dict__.pop(n.target, None), path)
     def shapes(graph) -> dict[str, dict]:
         values: dict[str, dict] = {}
 

@@ -276,21 +276,9 @@ class Partitioner:
 
     def _scalar_step(self, binop: str, other, first: bool, b: _Builder) -> list[dict] | None:
         num = self.g.number(other)
-        if num is None or not math.isfinite(num):
-            return None
-        if binop == "add":
-            steps = [{"op": "shift", "value": num}]
-        elif binop == "sub":
-            steps = [{"op": "shift", "value": -num}] if first else [{"op": "neg"}, {"op": "shift", "value": num}]
-        elif binop == "mul":
-            steps = [{"op": "scale", "value": num}]
-        elif binop == "div" and first and num != 0:
-            steps = [{"op": "scale", "value": 1.0 / num}]
-        elif binop == "div" and not first:
-            steps = [{"op": "reciprocal"}, {"op": "scale", "value": num}]
-        else:
-            return None
-        b.guard(other, num)
+        steps = pointwise_fusion.scalar_steps(binop, num, first) if num is not None else None
+        if steps is not None:
+            b.guard(other, num)
         return steps
 
     def _extend(self, start: str, b: _Builder, full_shape: list[int], operand_view: dict,
@@ -672,6 +660,8 @@ _LEFT_WHY = {
     **dict.fromkeys(("zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
                      "new_zeros", "new_ones", "new_full", "new_empty"),
                     "a constant fill: nothing to compute, PyTorch writes it"),
+    # torch.tensor(number) in a forward: the kernels that read it take the number itself
+    "tensor": "a constant made from Python numbers: nothing to compute; a kernel reading it takes the number",
     # DenseNet's 58 concatenations: a copy each; only producers writing into its slices would save it
     **dict.fromkeys(("cat", "concat", "concatenate", "stack", "hstack", "vstack"),
                     "a concatenation: a copy at memory speed, as torch.cat does it; writing its inputs' "

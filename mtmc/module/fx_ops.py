@@ -82,6 +82,19 @@ class Graph:
                     return float(x)
         return None
 
+    def literal(self, ref):
+        """The number a 0-d `torch.tensor(number)` node holds (torch.min(x, torch.tensor(0.5)),
+        KernelBench L2 31: capture keeps such constants as that call), else `ref` unchanged.  In
+        a binop with a tensor a 0-d tensor promotes as the number would."""
+        if not isinstance(ref, NodeRef) or ref.name not in self.by_name:
+            return ref
+        n = self.by_name[ref.name]
+        if n["op"] != "call_function" or n["target"] != "torch.tensor":
+            return ref
+        args, _ = self.args(ref.name)
+        value = args[0] if args else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else ref
+
     def words(self, name: str) -> str:
         """A node in words for reports: what it calls, and its line in the user's file."""
         n = self.by_name[name]
@@ -270,6 +283,7 @@ class Classifier:
             pair = [_arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")]
             if any(v is None for v in pair):
                 return None
+            pair = self._literals(pair)
             return Pointwise(pair, binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
         if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
             return self._matmul(name, args[0], _arg(args, kwargs, 1, "other", kwargs.get("mat2")))
@@ -475,11 +489,16 @@ class Classifier:
             raise Reject("linear of a scalar")
         return Anchor("matmul", "matmul", x, b=weight, b_nk=True, bias=bias)
 
+    def _literals(self, pair: list) -> list:
+        """A binop's operands with a 0-d constant beside a tensor read as its number (Graph.literal)."""
+        values = [self.g.literal(v) for v in pair]
+        return values if sum(isinstance(v, NodeRef) for v in values) == 1 else pair
+
     def _reduce(self, name: str, op: str, args: tuple, kwargs: dict) -> Anchor:
         x = args[0]
         if op in ("max", "min") and len(args) > 1 and isinstance(args[1], NodeRef):
             if self.g.tensor(args[1]) is not None:  # torch.max(a, b): elementwise
-                return Pointwise([x, args[1]], binop="maximum" if op == "max" else "minimum")
+                return Pointwise(self._literals([x, args[1]]), binop="maximum" if op == "max" else "minimum")
         shape, _ = self._float_tensor(x, "the input")
         if kwargs.get("dtype") is not None:
             raise Reject(f"{op} with a dtype= cast is not fused")

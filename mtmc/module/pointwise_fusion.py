@@ -28,7 +28,7 @@ _GRID = torch.cat([torch.linspace(-12, 12, 2401, dtype=torch.float64),
                    torch.tensor([-1e3, -60.0, -30.0, 30.0, 60.0, 1e3], dtype=torch.float64)])
 
 
-def _scalar_steps(binop: str, num: float, x_first: bool) -> list[dict] | None:
+def scalar_steps(binop: str, num: float, x_first: bool) -> list[dict] | None:
     """Steps for x (binop) num, or num (binop) x."""
     if not math.isfinite(num):
         return None
@@ -56,7 +56,7 @@ def _one_input(s) -> tuple[NodeRef, list[dict]] | None:
     a, b = s.inputs
     for x, num, first in ((a, b, True), (b, a, False)):
         if isinstance(x, NodeRef) and isinstance(num, (int, float)) and not isinstance(num, bool):
-            steps = _scalar_steps(s.binop, float(num), first)
+            steps = scalar_steps(s.binop, float(num), first)
             return (x, steps) if steps is not None else None
     return None
 

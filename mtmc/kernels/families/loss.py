@@ -168,8 +168,9 @@ def _per_item(spec: KernelSpec, args: list[str]) -> tuple[list[str], str]:
     epilogue (PyTorch's own reduction, e.g. cross_entropy's mean over the rows not ignored)."""
     red = "none" if spec.params.get("epilogue") else reduction(spec)
     f = "torch.nn.functional."
-    if spec.op == "cosine_similarity":
-        return [], f"{f}cosine_similarity(x1, x2, dim=-1, eps={param(spec, 'eps')!r})"
+    if spec.op == "cosine_similarity":   # no reduction= of its own: reduced here
+        return [], _REDUCE[red].format(m=f"{f}cosine_similarity(x1, x2, dim=-1, eps={param(spec, 'eps')!r})",
+                                       x="x1")
     kwargs = {k: param(spec, k) for k in PARAMS[spec.op] if k not in ("log_input", "epilogue", "prologue")}
     lines = ["x = torch.log(x)"] if spec.op == "kl_div" and param(spec, "log_input") else []
     if spec.op == "triplet_margin":
