@@ -113,7 +113,7 @@ def test_check_rejects_a_kernel_that_ignores_the_causal_mask():
 
 # -- sm_90 resources of the defaults -----------------------------------------------------------------
 COMPILE_SPECS = {
-    "kernelbench 97 (E=1024)": attention_spec((32, 32, 512, 1024), (32, 32, 512, 1024), (32, 32, 512, 1024)),
+    "E=256 no mask": attention_spec((32, 32, 512, 256), (32, 32, 512, 256), (32, 32, 512, 256)),
     "mingpt causal E=96": attention_spec((128, 8, 512, 96), (128, 8, 512, 96), (128, 8, 512, 96), mask="causal"),
     "E=64 additive": attention_spec((16, 16, 2048, 64), (16, 16, 2048, 64), (16, 16, 2048, 64), mask="add"),
     "E=128 boolean": attention_spec((8, 16, 1024, 128), (8, 16, 1024, 128), (8, 16, 1024, 128), mask="keep",
@@ -147,6 +147,7 @@ def test_default_configs_compile_for_sm90_without_spills_and_within_shared_memor
     ({"params": {"mask": "causal", "mask_shape": [1, 1, "L", "S"]}}, "takes no mask tensor"),
     ({"params": {"scale": float("nan")}}, "finite"),
     ({"dims": {"E": 2048}}, "head dim"),
+    ({"dims": {"EV": 512}}, "above 256"),
     ({"dims": {"S": 0}}, "positive"),
     ({"params": {"enable_gqa": True}}, "grouped-query"),
 ])
@@ -208,7 +209,7 @@ def test_a_row_masked_wholly_gives_what_its_pytorch_form_gives(mask):
 def test_the_default_scale_follows_the_head_dim_at_the_cut_check_dims():
     """L1 97 (E = 1024, no scale given) failed every check: its reference took 1/sqrt(1024) from
     the spec while the kernel, at the check's cut dims (E = 64), took 1/sqrt(64) from q."""
-    spec = KernelSpec("attention", "sdpa", {"B": 1, "H": 2, "L": 64, "S": 64, "E": 1024, "EV": 1024}, "float32",
+    spec = KernelSpec("attention", "sdpa", {"B": 1, "H": 2, "L": 64, "S": 64, "E": 256, "EV": 256}, "float32",
                       {"mask": "none", "scale": None})
     cfg = {**ATTN.default_config(spec, PROFILES["h200"]), "BLOCK_E": 32}
     dims = ATTN.check_dims(spec, cfg)
