@@ -52,6 +52,8 @@ FULL_SIZE = {
     "where_forms.py": {"shape": (16, 2048, 2048)},
     "torch_aliases.py": {"batch_size": 64, "size": 256},
     "tensor_constants.py": {"batch_size": 128, "size": 256},
+    "handwritten_layernorm.py": {"batch": 16, "seq": 512, "hidden": 4096},
+    "gpt2_mlp.py": {"batch_size": 16, "seq_len": 1024, "n_embd": 768},
     "shape_control_flow.py": {"batch_size": 65536, "seq_len": 16},
     "conv_padding_modes.py": {"batch": 16, "size": 224, "length": 65536},
     # the graph stage's rewrites (module.graph_stage), at KernelBench level-2 sizes

@@ -67,3 +67,20 @@ def test_a_one_value_parameter_in_a_linear_epilogue_is_read_at_run_time(tmp_path
     # the [1] shift is loaded once by the tile, not expanded to [3, 5, 20] first
     (g,) = assert_one_value_read_at_run_time(tmp_path, source, torch.tensor([-2.0]))
     assert (g.family, g.spec["params"]["epilogue"]) == ("matmul", [{"op": "bias"}, {"op": "add", "scalar": True}])
+
+
+def test_addmm_of_a_column_vector_is_a_matmul_with_its_bias(tmp_path):
+    """torch.addmm(bias, x, w), Hugging Face GPT-2's Conv1D layer, stayed PyTorch as "outside the
+    kernel catalog" (tried as a user's upload, 2026-12-06)."""
+    from pathlib import Path
+
+    from mtmc.module.capture import capture
+    from mtmc.module.fusion import partition
+    path = Path(__file__).parent / "modules" / "gpt2_mlp.py"
+    cap = capture(str(path))
+    part = partition(cap)
+    mm = [g for g in part.groups if g.family == "matmul"]
+    assert len(mm) == 2 and all(g.spec["params"]["epilogue"][0] == {"op": "bias"} for g in mm)
+    assert [t["why"] for t in part.torch_ops] == ["addmm with beta or alpha other than 1 is not fused"]
+    assert_model_new_matches(tmp_path, path.read_text(), cap, part,
+                             changed={"c_fc.bias": torch.randn(128), "c_proj.weight": torch.randn(128, 32)})

@@ -200,3 +200,19 @@ def test_a_one_value_parameter_after_norms_is_read_once_at_run_time(tmp_path):
     gn, ln = assert_one_value_read_at_run_time(tmp_path, source, torch.full((1, 1, 1, 1), 2.0))
     assert gn.spec["params"]["epilogue"] == [{"op": "div", "scalar": True}]     # the split template's apply
     assert ln.spec["params"]["epilogue"] == [{"op": "sub", "scalar": True}]     # the row template
+
+
+def test_layer_norms_written_out_are_norm_groups(tmp_path):
+    """(x - mean) / sqrt(mean((x - mean)^2) + eps) took three groups and three passes (a mean, a
+    variance, a divide): tried as a user's upload, 2026-12-06.  Over the last dim it is one norm
+    group; over a middle dim (ConvNeXt's channels-first form) it stays as it was."""
+    from test_module_conv import assert_model_new_matches
+    path = MODULES / "handwritten_layernorm.py"
+    cap = capture(str(path))
+    part = partition(cap)
+    norms = [g for g in part.groups if g.family == "norm"]
+    assert [g.spec["op"] for g in norms] == ["layernorm", "layernorm"]
+    assert all(g.spec["params"]["affine"] is False for g in norms)
+    assert [s["op"] for s in norms[0].spec["params"]["epilogue"]][:2] == ["mul", "bias"]   # * w + b
+    assert {g.family for g in part.groups} == {"norm", "reduction", "elementwise"}   # the channels-first one
+    assert_model_new_matches(tmp_path, path.read_text(), cap, part, changed={"w": torch.rand(40) + 0.5})

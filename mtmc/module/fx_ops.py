@@ -158,6 +158,7 @@ BINARY_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "trued
                   "maximum": "maximum", "minimum": "minimum",
                   "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
 MATMUL_FUNCTIONS = {q(f) for f in (torch.matmul, operator.matmul, torch.mm, torch.bmm)}
+ADDMM = q(torch.addmm)
 LINEAR_FUNCTION = q(F.linear)
 EINSUM = q(torch.einsum)
 REDUCE_FUNCTIONS = {q(f): op for f, op in [
@@ -287,6 +288,8 @@ class Classifier:
             return Pointwise(pair, binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
         if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
             return self._matmul(name, args[0], _arg(args, kwargs, 1, "other", kwargs.get("mat2")))
+        if fn == ADDMM or method == "addmm":
+            return self._addmm(name, args, kwargs)
         if fn == EINSUM:
             return self._einsum(name, args)
         if fn == LINEAR_FUNCTION:
@@ -465,6 +468,19 @@ class Classifier:
             anchor = Anchor("matmul", "bmm", a, b=src or b, b_nk=b_nk, covers=covers)
         else:
             raise Reject("broadcast batch dims in a matmul are not fused")
+        return anchor
+
+    def _addmm(self, name: str, args: tuple, kwargs: dict) -> Anchor:
+        """torch.addmm(v, a, b) = v + a @ b (GPT-2's Conv1D layer) with v a vector over the columns:
+        the matmul with v as its bias."""
+        v, a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "mat1"), _arg(args, kwargs, 2, "mat2")
+        if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+            raise Reject("addmm with beta or alpha other than 1 is not fused")
+        anchor = self._matmul(name, a, b)
+        shape, _ = self._float_tensor(v, "the added input")
+        if anchor.op != "matmul" or shape != self.g.tensor(b)[0][-1:]:
+            raise Reject(f"addmm adding a {shape} tensor is not fused (a vector over the columns is)")
+        anchor.bias = v
         return anchor
 
     def _einsum(self, name: str, args: tuple) -> Anchor:

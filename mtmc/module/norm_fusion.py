@@ -1,7 +1,7 @@
 """Normalizations in a captured graph: batch, group and instance norms (modules and F.*
 functions), layer / RMS norms over several trailing dims, and the hand-written normalizations
-x / torch.norm(x, p='fro'), x / x.norm(p=2, dim=-1, keepdim=True), x / x.abs().sum(-1, keepdim=True)
-and F.normalize; each becomes a "norm" group with the pointwise tail after it as its epilogue.
+x / torch.norm(x, p='fro'), x / x.norm(p=2, dim=-1, keepdim=True), x / x.abs().sum(-1, keepdim=True),
+F.normalize and a layer norm written out over the last dim; each becomes a "norm" group with the pointwise tail after it as its epilogue.
 
 A channel norm's group reads x as [N, C, S] (S: the spatial sizes' product).  Batch norm in
 training mode updates the module's running buffers as PyTorch does: the wrapper passes them to
@@ -233,6 +233,59 @@ def _rms_of(p, node: str, x: NodeRef, root: str):
     return inner, d, g.number(eps)
 
 
+def _centered(p, ref) -> tuple[NodeRef, str, int] | None:
+    """(x, the mean node, its dim) when `ref` is x - mean(x, dim, keepdim=True)."""
+    s = p.sem.get(ref.name) if isinstance(ref, NodeRef) else None
+    if not (isinstance(s, Pointwise) and s.binop == "sub" and all(isinstance(v, NodeRef) for v in s.inputs)):
+        return None
+    x, m = s.inputs
+    mean = p.sem.get(m.name)
+    if (isinstance(mean, Anchor) and mean.family == "reduction" and mean.op == "mean" and mean.keepdim
+            and mean.x == x and isinstance(mean.dim, int) and not mean.pre and not mean.post):
+        return x, m.name, mean.dim
+    return None
+
+
+def _layer_norm_of(p, num, den: str, root: str, out: str):
+    """(x, covered nodes, eps) when num / den (num * den for rsqrt) is a layer norm written out over
+    the last dim: (x - mean(x, -1, keepdim)) / sqrt(var + eps), var being mean((x - mean) ** 2, -1,
+    keepdim) or x.var(-1, keepdim, correction=0) (ConvNeXt's, minGPT-style code's)."""
+    g = p.g
+    centered = _centered(p, num)
+    if centered is None or not _node_is(g, den, ROOTS[root], root):
+        return None
+    x, m, dim = centered
+    add = g.args(den)[0][0]
+    add_sem = p.sem.get(add.name) if isinstance(add, NodeRef) else None
+    if not isinstance(add_sem, Pointwise) or add_sem.binop != "add":
+        return None
+    var, eps = add_sem.inputs if isinstance(add_sem.inputs[0], NodeRef) else add_sem.inputs[::-1]
+    if not isinstance(var, NodeRef) or isinstance(eps, NodeRef) or g.number(eps) is None:
+        return None
+    v = p.sem.get(var.name)
+    if not (isinstance(v, Anchor) and v.family == "reduction" and v.keepdim and v.dim == dim and not v.post):
+        return None
+    inner = [m, num.name, add.name, var.name]
+    if v.op == "var" and v.params.get("correction") == 0 and v.x == x and not v.pre:
+        pass
+    elif v.op == "mean" and not v.pre:
+        sq = p.sem.get(v.x.name)
+        c = sq.inputs[0] if isinstance(sq, Pointwise) and (sq.steps == [{"op": "square"}] or
+                                                            sq.binop == "mul" and sq.inputs[0] == sq.inputs[1]) else None
+        again = _centered(p, c) if c is not None and c != num else None
+        if c is None or (c != num and (again is None or again[:2] != (x, m))):
+            return None
+        inner += [v.x.name] + ([c.name] if c != num else [])
+    else:
+        return None
+    if _norm_dim(g.tensor(x)[0], dim) is not None:
+        return None   # over a middle dim: the norm kernels' strided layout has no layer norm yet
+    allowed = set(inner) | {den, out}
+    if any(set(g.users[i]) - allowed for i in inner):   # a part read elsewhere (the mean returned too)
+        return None
+    return x, inner, g.number(eps)
+
+
 def normalization_patterns(p) -> None:
     """Mark x / norm(x) nodes as norm anchors (before groups are formed)."""
     g = p.g
@@ -248,6 +301,10 @@ def normalization_patterns(p) -> None:
         xt = g.tensor(x)
         if xt is None or g.tensor(name) != xt or len(g.users[den.name]) != 1:
             continue
+        ln = _layer_norm_of(p, x, den.name, "sqrt", name)
+        if ln is not None:
+            _mark(p, name, ln[0], den.name, "layernorm", ln[1], None, ln[2])
+            continue
         found = _norm_of(p, den.name, x)
         if found is not None:
             _mark(p, name, x, den.name, *found)
@@ -256,6 +313,10 @@ def normalization_patterns(p) -> None:
         if not isinstance(s, Pointwise) or s.binop != "mul" or not all(isinstance(v, NodeRef) for v in s.inputs):
             continue
         for x, r in (s.inputs, s.inputs[::-1]):
+            ln = _layer_norm_of(p, x, r.name, "rsqrt", name) if len(g.users[r.name]) == 1 else None
+            if ln is not None and g.tensor(name) == g.tensor(x):
+                _mark(p, name, ln[0], r.name, "layernorm", ln[1], None, ln[2])
+                break
             rms = _rms_of(p, r.name, x, "rsqrt") if len(g.users[r.name]) == 1 else None
             if rms and rms[1] is not None and g.tensor(name) == g.tensor(x):
                 _mark(p, name, x, r.name, "rmsnorm", *rms)
@@ -264,7 +325,7 @@ def normalization_patterns(p) -> None:
 
 def _mark(p, name: str, x: NodeRef, den: str, op: str, covers: list, dim, eps: float = 0.0) -> None:
     """Node `name` (x divided or multiplied by `den`) becomes a norm anchor covering den and covers."""
-    params = {"eps": float(eps), **({"affine": False} if op == "rmsnorm" else {})}
+    params = {"eps": float(eps), **({"affine": False} if op in ("rmsnorm", "layernorm") else {})}
     p.sem[name] = Anchor("norm", op, x, params=params, covers=[den, *covers], out=name, replaces=[name], dim=dim)
     for c in [den, *covers]:
         p.sem.pop(c, None)
