@@ -1,7 +1,8 @@
 """Normalizations in a captured graph: batch, group and instance norms (modules and F.*
 functions), layer / RMS norms over several trailing dims, and the hand-written normalizations
 x / torch.norm(x, p='fro'), x / x.norm(p=2, dim=-1, keepdim=True), x / x.abs().sum(-1, keepdim=True),
-F.normalize and a layer norm written out over the last dim; each becomes a "norm" group with the pointwise tail after it as its epilogue.
+F.normalize and a layer norm written out over the last dim; each becomes a "norm" group with the
+pointwise tail after it as its epilogue.
 
 A channel norm's group reads x as [N, C, S] (S: the spatial sizes' product).  Batch norm in
 training mode updates the module's running buffers as PyTorch does: the wrapper passes them to
