@@ -71,7 +71,8 @@ def test_a_one_value_parameter_in_a_linear_epilogue_is_read_at_run_time(tmp_path
 
 def test_addmm_of_a_column_vector_is_a_matmul_with_its_bias(tmp_path):
     """torch.addmm(bias, x, w), Hugging Face GPT-2's Conv1D layer, stayed PyTorch as "outside the
-    kernel catalog" (tried as a user's upload, 2026-12-06)."""
+    kernel catalog" (tried as a user's upload, 2026-12-06); and the GELU after its view back to
+    [batch, seq, N] ran as a kernel of its own."""
     from pathlib import Path
 
     from mtmc.module.capture import capture
@@ -80,7 +81,9 @@ def test_addmm_of_a_column_vector_is_a_matmul_with_its_bias(tmp_path):
     cap = capture(str(path))
     part = partition(cap)
     mm = [g for g in part.groups if g.family == "matmul"]
-    assert len(mm) == 2 and all(g.spec["params"]["epilogue"][0] == {"op": "bias"} for g in mm)
+    assert len(mm) == len(part.groups) == 2 and all(g.spec["params"]["epilogue"][0] == {"op": "bias"} for g in mm)
+    # x.view(-1, K) before and .view(*lead, N) after: the matmul of x, so the tanh GELU is its epilogue
+    assert [s["op"] for s in mm[0].spec["params"]["epilogue"]] == ["bias", "gelu_tanh"]   # recognized, written out
     assert [t["why"] for t in part.torch_ops] == ["addmm with beta or alpha other than 1 is not fused"]
     assert_model_new_matches(tmp_path, path.read_text(), cap, part,
                              changed={"c_fc.bias": torch.randn(128), "c_proj.weight": torch.randn(128, 32)})

@@ -11,6 +11,7 @@ einsum's matmul forms are module.fx_ops' (einsum_b_layout).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -19,6 +20,8 @@ from mtmc.kernels.spec import DTYPES
 from mtmc.module.fx_ops import MATMUL_FUNCTIONS, Anchor, NodeRef, Pointwise, Reject, _arg, q
 
 TENSORDOT, DIAG = q(torch.tensordot), q(torch.diag)
+RESHAPES = {q(torch.reshape), q(torch.flatten)}
+RESHAPE_METHODS = ("view", "reshape", "flatten", "unflatten")
 MATVEC_FUNCTIONS = MATMUL_FUNCTIONS | {q(torch.mv)}
 
 
@@ -78,13 +81,44 @@ def _matvec(p, name: str) -> Anchor | None:
     return Anchor("matmul_form", "matvec", a, vectors=[v], out=name, replaces=[name])
 
 
+def _reshape_of(p, name: str) -> NodeRef | None:
+    """The tensor a view / reshape / flatten node `name` reads, or None for any other node."""
+    n = p.g.by_name[name]
+    if not ((n["op"] == "call_method" and n["target"] in RESHAPE_METHODS)
+            or (n["op"] == "call_function" and n["target"] in RESHAPES)):
+        return None
+    args, _ = p.g.args(name)
+    return args[0] if args and isinstance(args[0], NodeRef) and p.g.tensor(args[0]) else None
+
+
+def _unflattened(p, name: str, a: Anchor) -> tuple[str, Anchor] | None:
+    """x.view(-1, K) @ w (or addmm) viewed back to [*lead, N] (GPT-2's Conv1D): the matmul of x
+    itself, its result the second view, so the pointwise ops after that view join its epilogue."""
+    if not (a.family == "matmul" and a.op == "matmul" and isinstance(a.x, NodeRef)) or len(p.g.users[name]) != 1:
+        return None
+    x, (after,) = _reshape_of(p, a.x.name), p.g.users[name]
+    if x is None or p.g.users[a.x.name] != [name] or _reshape_of(p, after) != NodeRef(name):
+        return None
+    (sx, _), (sm, _), (sv, _) = p.g.tensor(x), p.g.tensor(name), p.g.tensor(after)
+    if len(sx) < 3 or p.g.tensor(a.x)[0] != [math.prod(sx[:-1]), sx[-1]] or sv != [*sx[:-1], sm[-1]]:
+        return None
+    return after, dataclasses.replace(a, x=x, out=after, replaces=[after], covers=[*a.covers, name, a.x.name])
+
+
 def patterns(p) -> None:
-    """diag(v) @ B -> a row-scaling anchor; B @ diag(v) -> B * v; A @ v -> a matvec anchor."""
+    """diag(v) @ B -> a row-scaling anchor; B @ diag(v) -> B * v; A @ v -> a matvec anchor;
+    x.view(-1, K) @ w viewed back -> the matmul of x."""
     for n in p.g.nodes:
         found = _matvec(p, n["name"]) if n["name"] not in p.sem else None
         if found:
             p.sem[n["name"]] = found
             p.why.pop(n["name"], None)
+    for name, a in list(p.sem.items()):
+        found = _unflattened(p, name, a) if isinstance(a, Anchor) else None
+        if found:
+            p.sem.pop(name)
+            p.sem[found[0]] = found[1]
+            p.why.pop(found[0], None)
     for name, a in list(p.sem.items()):
         if not (isinstance(a, Anchor) and a.family == "matmul" and a.op == "matmul" and a.bias is None):
             continue
