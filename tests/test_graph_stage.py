@@ -130,7 +130,8 @@ def test_plan_only_lists_the_rewrites(tmp_path):
     ("return self.fc(x).sum()", "every dim"),
     ("return self.fc(x).sum((0, 1))", "dims [0, 1]"),
     ("y = self.fc(x)\nreturn y.sum(-1, keepdim=True) + y", "also read"),
-    ("y = self.fc(x)\ny.mul_(2.0)\nreturn y.sum(-1)", "in-place"),
+    ("y = self.fc(x)\ny.mul_(2.0)\nreturn y.sum(-1) + y[:, 0]", "also read"),   # y.mul_ made a value at capture
+    ("y = self.fc(x)\ny[:, 0].mul_(2.0)\nreturn y.sum(-1)", "in-place"),   # through a view: stays in place
     ("return (self.fc(x) * x[:, :8]).sum(-1)", "varies along"),
 ])
 def test_sum_after_linear_is_refused_with_the_reason(tmp_path, forward, why):
@@ -300,7 +301,7 @@ def test_identities_are_removed_and_the_module_still_matches(tmp_path):
 
 @pytest.mark.parametrize("forward, why", [
     ("return x * 1", "aliased"),
-    ("y = x + 0\ny.add_(1.0)\nreturn y", "changed in place"),
+    ("y = x + 0\ny[0].add_(1.0)\nreturn y", "changed in place"),   # through a view: y.add_ alone is made a value
 ])
 def test_identity_is_refused_where_it_is_not_one(tmp_path, forward, why):
     cap = capture(str(_module(tmp_path, forward)))

@@ -118,6 +118,8 @@ BINARY = {
     "minimum": ("tl.minimum({x}, {y})", "torch.minimum({x}, {y})"),
     "div": ("({x} / {y})", "({x} / {y})"),
     "rdiv": ("({y} / {x})", "({y} / {x})"),
+    # PReLU: x where x >= 0, else its weight times x (the weight per channel, read periodic)
+    "prelu": ("tl.where({x} >= 0.0, {x}, {x} * {y})", "torch.where({x} >= 0, {x}, {x} * {y})"),
 }
 # Mask steps: the operand is a boolean mask (read as nonzero = set), {v} the fill value:
 # x.masked_fill(mask, v) and torch.where(mask, x, v).  The mask may be periodic (broadcast).
@@ -141,7 +143,7 @@ ERROR_GAIN = {
     "scale": "abs({v}) * s", "leaky_relu": "max(1.0, abs({v})) * s", "mul": "s * {y}.abs()",
     "elu": "max(1.0, abs({v})) * s", "selu": "1.7581 * s", "hardswish": "1.5 * s", "mish": "1.1 * s",
     "log": "s / x.abs()", "sqrt": "0.5 * s / x.abs().sqrt()", "rsqrt": "0.5 * s * x.abs() ** -1.5",
-    "reciprocal": "s / (x * x)", "erf": "1.13 * s", "div": "s / {y}.abs()", "rdiv": "{y}.abs() * s / (x * x)",
+    "reciprocal": "s / (x * x)", "erf": "1.13 * s", "prelu": "max(1.0, float({y}.abs().max())) * s", "div": "s / {y}.abs()", "rdiv": "{y}.abs() * s / (x * x)",
     "pow": "abs({v}) * (x.abs() + (s if {v} >= 1 else 0)) ** ({v} - 1) * s",
     # sign jumps by up to 2 where x is within its error of 0: allow a flip there
     "sign": "(x.abs() <= 0.05 * s) * 2e4",

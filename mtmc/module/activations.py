@@ -29,28 +29,53 @@ FUNCTIONS = {target_name(f): op for f, op in [
     (torch.reciprocal, "reciprocal"), (torch.sign, "sign"), (torch.erf, "erf"), (torch.special.erf, "erf"),
     (torch.special.expit, "sigmoid"), (torch.tril, "tril"), (torch.triu, "triu"), (torch.relu_, "relu"),
     (torch.sigmoid_, "sigmoid"), (torch.tanh_, "tanh"), (F.hardtanh_, "hardtanh"), (F.leaky_relu_, "leaky_relu"),
+    (F.tanhshrink, "tanhshrink"), (F.softshrink, "softshrink"), (F.hardshrink, "hardshrink"),
+    (torch.hardshrink, "hardshrink"), (F.threshold, "threshold"), (torch.threshold, "threshold"), (F.rrelu, "rrelu"),
 ]}
 INPLACE_FUNCTIONS = {target_name(f) for f in (F.elu_, torch.selu_, torch.celu_, torch.relu_, torch.sigmoid_,
                                               torch.tanh_, F.hardtanh_, F.leaky_relu_)}
-METHODS = {m: m for m in ("log", "sqrt", "rsqrt", "reciprocal", "sign", "erf", "tril", "triu")}
+METHODS = {m: m for m in ("log", "sqrt", "rsqrt", "reciprocal", "sign", "erf", "tril", "triu", "hardshrink")}
 MODULES = {_cls(c): op for c, op in [
     (nn.ELU, "elu"), (nn.SELU, "selu"), (nn.CELU, "celu"), (nn.Hardsigmoid, "hardsigmoid"),
     (nn.Hardswish, "hardswish"), (nn.Softplus, "softplus"), (nn.Softsign, "softsign"), (nn.Mish, "mish"),
-    (nn.LogSigmoid, "log_sigmoid"),
+    (nn.LogSigmoid, "log_sigmoid"), (nn.Tanhshrink, "tanhshrink"), (nn.Softshrink, "softshrink"),
+    (nn.Hardshrink, "hardshrink"), (nn.Threshold, "threshold"), (nn.RReLU, "rrelu"),
 ]}
 # ops whose steps depend on their arguments: (positional index, keyword, default) per parameter
 PARAMS = {"elu": [(1, "alpha", 1.0)], "celu": [(1, "alpha", 1.0)],
           "softplus": [(1, "beta", 1.0), (2, "threshold", 20.0)],
-          "tril": [(1, "diagonal", 0)], "triu": [(1, "diagonal", 0)]}
+          "tril": [(1, "diagonal", 0)], "triu": [(1, "diagonal", 0)],
+          # the shrinks, threshold and rrelu are written with the catalog's steps (select, fork, leaky_relu)
+          "tanhshrink": [], "softshrink": [(1, "lambd", 0.5)], "hardshrink": [(1, "lambd", 0.5)],
+          "threshold": [(1, "threshold", None), (2, "value", None)],
+          "rrelu": [(1, "lower", 1.0 / 8), (2, "upper", 1.0 / 3), (3, "training", False)]}
 
 
 def _number(v, what: str) -> float:
+    if isinstance(v, bool) and what.endswith("training"):
+        return float(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"{what} that is not a plain number is not fused")
     return float(v)
 
 
 def _steps(op: str, values: list[float]) -> list[dict]:
+    if op == "tanhshrink":   # x - tanh(x)
+        return [{"op": "fork", "binop": "sub", "left": [], "right": [{"op": "tanh"}]}]
+    if op == "softshrink":   # x - clamp(x, -l, l): x - l above l, x + l below -l, exactly 0 between
+        if values[0] < 0:
+            raise ValueError("softshrink's lambd must be at least 0")
+        return [{"op": "fork", "binop": "sub", "left": [],
+                 "right": [{"op": "clamp_min", "value": -values[0]}, {"op": "clamp_max", "value": values[0]}]}]
+    if op == "hardshrink":   # x where |x| > l, else 0
+        return [{"op": "select", "cond": [{"op": "abs"}], "cmp": "gt", "value": values[0], "then": [], "else": 0.0}]
+    if op == "threshold":    # x where x > threshold, else value
+        return [{"op": "select", "cond": [], "cmp": "gt", "value": values[0], "then": [], "else": values[1]}]
+    if op == "rrelu":        # in eval mode the slope is fixed: (lower + upper) / 2
+        lower, upper, training = values
+        if training:
+            raise ValueError("rrelu in training mode draws a random slope per element; it stays PyTorch")
+        return [{"op": "leaky_relu", "value": (lower + upper) / 2}]
     if op == "softplus":
         beta, threshold = values
         return [{"op": "softplus", "value": beta, **({"threshold": threshold} if threshold != 20.0 else {})}]

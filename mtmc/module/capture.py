@@ -409,6 +409,8 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     from torch.fx.passes.shape_prop import ShapeProp
 
     from mtmc.module import attention_capture
+    from mtmc.module.decompose import decompose
+    from mtmc.module.functionalize import functionalize
     from mtmc.module.fxjson import Unreproducible, describe_value, encode_node
     from mtmc.module.shape_facts import ShapeFacts
 
@@ -431,6 +433,8 @@ def trace_module(prefix: str, mod, call, path: str) -> tuple[dict, list[dict]]:
     for n in list(graph.nodes):
         if n.op == "get_attr" and n.target.startswith("_tensor_constant"):
             _constant_as_call(graph, n, mod.__dict__.pop(n.target, None), path)
+    functionalize(graph, mod)   # h.relu_() then h: a value, where no one else sees the storage
+    decompose(graph, mod)       # baddbmm, glu, addcmul ...: the plain ops the catalog fuses
     def shapes(graph) -> dict[str, dict]:
         values: dict[str, dict] = {}
 

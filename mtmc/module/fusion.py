@@ -36,6 +36,7 @@ from mtmc.kernels import pointwise
 from mtmc.module import (attention_fusion, conv_fusion, identities, loss_fusion, matmul_forms, norm_fusion,
                          pointwise_fusion, pool_fusion, scan_fusion, where_fusion)
 from mtmc.kernels.catalog import family_of
+from mtmc.module.functionalize import mutations
 from mtmc.module.fx_ops import (
     RSQRT, SQRT, TRANSPOSES, Anchor, Classifier, Graph, NodeRef, Pointwise, Reject, q,
 )
@@ -140,7 +141,8 @@ PLUGIN_FAMILIES = {conv_fusion: ("conv",), norm_fusion: ("norm",), pool_fusion: 
 PLUGINS = tuple(PLUGIN_FAMILIES)
 # anchors PyTorch runs in its library kernels (cuDNN, cuBLAS): the ones a plan may leave there
 LIBRARY_FAMILIES = ("conv", "matmul")
-_BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div"}
+_BINOP_STEP = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum", "div": "div",
+               "prelu": "prelu"}
 
 
 class Partitioner:
@@ -176,17 +178,8 @@ class Partitioner:
                 self.sem[n["name"]] = s
 
     def _mutations(self) -> list[tuple[str, str]]:
-        """(in-place node, the value it changes), e.g. x.relu_(), F.relu(x, inplace=True)."""
-        found = []
-        for n in self.g.nodes:
-            args, kwargs = self.g.args(n["name"]) if n["op"].startswith("call_") else ((), {})
-            target = n["target"].rsplit(".", 1)[-1]
-            inplace = (n["op"] in ("call_method", "call_function") and target.endswith("_")
-                       and not target.startswith("_")) or kwargs.get("inplace") is True or (
-                n["op"] == "call_module" and self.g.modules.get(n["target"], {}).get("attrs", {}).get("inplace"))
-            if inplace and args and isinstance(args[0], NodeRef):
-                found.append((n["name"], args[0].name))
-        return found
+        """(in-place node, a value it changes), e.g. x.relu_(), F.relu(x, inplace=True)."""
+        return mutations(self.g)
 
     def _mutated_inside(self, nodes: list[str], args: list[dict]) -> str | None:
         """An in-place op outside the group that changes one of its inputs between the group's
@@ -230,7 +223,7 @@ class Partitioner:
         x, y = s.inputs
         first = x == NodeRef(running)
         masked = s.binop in pointwise.MASKED   # the running value is what a mask fills
-        if (not first and y != NodeRef(running)) or (masked and not first):
+        if (not first and y != NodeRef(running)) or ((masked or s.binop == "prelu") and not first):
             return None
         other = y if first else x
         if other == NodeRef(running):   # x * x, x + x
@@ -242,7 +235,7 @@ class Partitioner:
             return None
         # an operand made by one-input steps of a tensor read nowhere else: the steps run on the load
         other, pre, pre_nodes = pointwise_fusion.operand_path(self, other, node, b) if not masked else (other, [], [])
-        oshape = t[0]
+        oshape = s.operand_shape or t[0]
         if oshape != full_shape:
             try:
                 if list(torch.broadcast_shapes(tuple(oshape), tuple(full_shape))) != full_shape:
@@ -257,8 +250,8 @@ class Partitioner:
         if oshape != full_shape:
             # read in place: one value anywhere, a broadcast one on a row-major kernel (periodic steps)
             pattern = _broadcast_pattern(oshape, full_shape, operand_view.get("of") == "main")
-            if pattern is None and masked:   # a broadcast mask is read in place by the next group instead
-                return None
+            if pattern is None and (masked or s.operand_shape):   # a broadcast mask is read in place by the
+                return None                                       # next group; a PReLU weight cannot be expanded
             if pattern is None:
                 b.notes.append(f"{self.g.words(other.name)} of shape {oshape} is expanded to {full_shape} "
                                "for the kernel (a copy)")

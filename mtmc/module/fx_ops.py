@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from mtmc.kernels.spec import DTYPES
 from mtmc.module import activations, identities
+from mtmc.module.functionalize import storage_family
 from mtmc.module.fxjson import arg_nodes, decode_arg, target_name
 
 
@@ -159,6 +160,7 @@ BINARY_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "trued
                   "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
 MATMUL_FUNCTIONS = {q(f) for f in (torch.matmul, operator.matmul, torch.mm, torch.bmm)}
 ADDMM = q(torch.addmm)
+PRELU = q(F.prelu)
 LINEAR_FUNCTION = q(F.linear)
 EINSUM = q(torch.einsum)
 REDUCE_FUNCTIONS = {q(f): op for f, op in [
@@ -215,6 +217,7 @@ class Pointwise:
     binop: str | None = None
     covers: list[str] = field(default_factory=list)  # more nodes it spans (the sigmoid of x * sigmoid(x))
     value: float | None = None      # a mask binop's fill value (module.where_fusion)
+    operand_shape: list | None = None   # how inputs[1] broadcasts, when not as its own shape (PReLU's [C, 1, 1])
 
 
 @dataclass
@@ -275,7 +278,7 @@ class Classifier:
         if inplace:
             method = method[:-1]
         if inplace or kwargs.get("inplace") or fn in activations.INPLACE_FUNCTIONS:
-            self._check_inplace(args[0])
+            self._check_inplace(args[0], name)
         if fn in UNARY_FUNCTIONS or method in UNARY_METHODS:
             return self._unary(UNARY_FUNCTIONS.get(fn) or UNARY_METHODS[method], name, args, kwargs)
         if fn in BINARY_FUNCTIONS or method in BINARY_METHODS:
@@ -288,6 +291,8 @@ class Classifier:
             return Pointwise(pair, binop=BINARY_FUNCTIONS.get(fn) or BINARY_METHODS[method])
         if fn in MATMUL_FUNCTIONS or method in ("matmul", "mm", "bmm"):
             return self._matmul(name, args[0], _arg(args, kwargs, 1, "other", kwargs.get("mat2")))
+        if fn == PRELU:
+            return self._prelu(args[0], _arg(args, kwargs, 1, "weight"))
         if fn == ADDMM or method == "addmm":
             return self._addmm(name, args, kwargs)
         if fn == EINSUM:
@@ -316,12 +321,20 @@ class Classifier:
                     None)
 
     # -- pointwise --
-    def _check_inplace(self, x) -> None:
-        """An in-place op fuses as its out-of-place twin only when nobody can see the difference."""
-        if isinstance(x, NodeRef) and len(self.g.users[x.name]) > 1:
-            raise Reject("in-place op on a tensor that is used elsewhere")
-        if isinstance(x, NodeRef) and self.g.by_name[x.name]["op"] in ("placeholder", "get_attr"):
+    def _check_inplace(self, x, name: str) -> None:
+        """An in-place op (node `name`) fuses as its out-of-place twin only when nobody can see
+        the difference: not the caller, not a later reader of the value or of any view sharing
+        its storage."""
+        if not isinstance(x, NodeRef):
+            return
+        root, family = storage_family(self.g, x.name)
+        if self.g.by_name[root]["op"] in ("placeholder", "get_attr"):
             raise Reject("in-place op on an input or a parameter (the caller sees the change)")
+        if len(self.g.users[x.name]) > 1:
+            raise Reject("in-place op on a tensor that is used elsewhere")
+        here = self.g.order[name]
+        if any(self.g.order[u] > here and u not in family for m in family - {name} for u in self.g.users[m]):
+            raise Reject("in-place op on a view: the change reaches the tensor it views, which is read later")
 
     def _unary(self, op: str, name: str, args: tuple, kwargs: dict) -> Pointwise:
         x = args[0]
@@ -377,7 +390,7 @@ class Classifier:
         kind, attrs, params = info.get("type", ""), info.get("attrs", {}), info.get("params", {})
         x = args[0] if args else None
         if attrs.get("inplace"):
-            self._check_inplace(x)
+            self._check_inplace(x, name)
         if kind == _cls(nn.Linear):
             bias = {"attr": f"{target}.bias"} if "bias" in params else None
             return self._linear(name, x, {"attr": f"{target}.weight"}, bias,
@@ -469,6 +482,20 @@ class Classifier:
         else:
             raise Reject("broadcast batch dims in a matmul are not fused")
         return anchor
+
+    def _prelu(self, x, w) -> Pointwise:
+        """F.prelu(x, w): w has one value or one per channel (dim 1 of x), read in place."""
+        sx, dx = self._float_tensor(x, "the input")
+        sw, dw = self._float_tensor(w, "the weight")
+        n = math.prod(sw)
+        if dw != dx:
+            raise Reject(f"prelu weight of dtype {dw} on a {dx} input is not fused")
+        if n == 1:
+            return Pointwise([x, w], binop="prelu", operand_shape=[1])
+        channels = sx[1] if len(sx) >= 2 else sx[0]
+        if n != channels:
+            raise Reject(f"prelu with {n} weights on {channels} channels")
+        return Pointwise([x, w], binop="prelu", operand_shape=[n] + [1] * max(len(sx) - 2, 0))
 
     def _addmm(self, name: str, args: tuple, kwargs: dict) -> Anchor:
         """torch.addmm(v, a, b) = v + a @ b (GPT-2's Conv1D layer) with v a vector over the columns:

@@ -52,7 +52,7 @@ def classify_call(c, name: str, fn, args, kwargs):
     method = n["target"] if n["op"] == "call_method" else None
     if fn == MASKED_FILL or method in ("masked_fill", "masked_fill_"):
         if method == "masked_fill_":
-            c._check_inplace(args[0])
+            c._check_inplace(args[0], name)
         x, mask, v = args[0], _arg(args, kwargs, 1, "mask"), _arg(args, kwargs, 2, "value")
         return Pointwise([x, _mask(c, mask)], binop="masked_fill", value=_fill_value(v))
     if fn == WHERE or method == "where":

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mtmc.module.functionalize import changes_in_place
 from mtmc.module.fx_ops import Classifier, Graph, NodeRef, Pointwise, Reject, _arg, _cls, q
 
 EXACT_DTYPES = ("float32", "float64")
@@ -164,10 +165,7 @@ def classify(g: Graph, name: str):
 
 
 def _inplace(g: Graph, name: str) -> bool:
-    n = g.by_name[name]
-    args, kwargs = g.args(name) if n["op"].startswith("call_") else ((), {})
-    return (n["op"] in ("call_method", "call_function") and n["target"].rsplit(".", 1)[-1].endswith("_")
-            and not n["target"].rsplit(".", 1)[-1].startswith("_")) or kwargs.get("inplace") is True
+    return changes_in_place(g, name)
 
 
 def per_feature(g: Graph, other, out_shape: list[int], feature_dim: int) -> bool:

@@ -22,9 +22,10 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from mtmc.module.functionalize import mutations
 from mtmc.module.fx_ops import Graph, NodeRef, q
 from mtmc.module.graph_stage.common import (
-    EXACT_DTYPES, LinearMap, Reduction, Step, _inplace, chain_step, feeding_map, reduction, walk_chain,
+    EXACT_DTYPES, LinearMap, Reduction, Step, chain_step, feeding_map, reduction, walk_chain,
 )
 from mtmc.module.graph_stage.edit import Editor, numel, readers
 from mtmc.module.graph_stage.records import Candidate, Work
@@ -158,7 +159,7 @@ def _candidate(desc: dict, g: Graph, name: str, r) -> Candidate | None:
         return refuse(f"dtype {m.dtype}: the summed weights would be rounded to {m.dtype} before the product "
                       "(accumulation risk at the tolerance); only float32 / float64 are rewritten")
     chain = walk_chain(g, m.node, name)
-    changers = [u for w in [m.node, *walked] for u in g.users[w] if _inplace(g, u)]
+    changers = [node for node, value in mutations(g) if value in (m.node, *walked)]
     if changers:
         return refuse(f"an in-place op ({g.words(changers[0])}) changes a value between the linear map and the "
                       f"{r.op}: its order with the reduction matters, so nothing is moved")

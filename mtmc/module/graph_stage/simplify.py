@@ -27,6 +27,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from mtmc.module.functionalize import mutations
 from mtmc.module.fx_ops import Graph, NodeRef, Pointwise, _arg, q
 from mtmc.module.graph_stage.common import MATMULS, classify
 from mtmc.module.graph_stage.edit import Editor, draws_random, numel, readers, stateless_module_calls
@@ -47,18 +48,8 @@ GEMMS = MATMULS | {q(torch.bmm), q(F.linear)}   # for the work a dropped node di
 
 
 def _mutated(g: Graph) -> set[str]:
-    """Values an in-place op changes."""
-    out = set()
-    for n in g.nodes:
-        if not n["op"].startswith("call_"):
-            continue
-        args, kwargs = g.args(n["name"])
-        t = n["target"].rsplit(".", 1)[-1]
-        inplace = (n["op"] != "call_module" and t.endswith("_") and not t.startswith("_")) or kwargs.get("inplace") is True \
-            or (n["op"] == "call_module" and g.modules.get(n["target"], {}).get("attrs", {}).get("inplace"))
-        if inplace and args and isinstance(args[0], NodeRef):
-            out.add(args[0].name)
-    return out
+    """Values an in-place op changes (views of them included)."""
+    return {value for _, value in mutations(g)}
 
 
 def _outputs(g: Graph) -> set[str]:

@@ -1,0 +1,77 @@
+"""Statement-form in-place ops (`h.relu_()` then a read of h) become values at capture, where
+nobody else can see the storage; elsewhere they stay PyTorch with the reason."""
+from __future__ import annotations
+
+import pytest
+
+from tests.test_module_conv import assert_model_new_matches, captured_source
+
+HEAD = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 24)
+
+    def forward(self, x):
+{body}
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _source(body: str) -> str:
+    return HEAD.format(body="".join(f"        {line}\n" for line in body.splitlines()))
+
+
+
+STATEMENTS = [
+    # chain of in-place methods on a fresh value: one matmul group with its epilogue
+    "h = self.fc(x)\nh.relu_()\nh.mul_(0.5)\nh.add_(1.0)\nreturn h.sum(-1)",
+    # torch.* in-place functions and inplace=True, read after the change
+    "h = self.fc(x)\ntorch.sigmoid_(h)\nF.relu(h, inplace=True)\nreturn h * 3.0",
+    # a copy (clone) changed in place, the original still read
+    "h = x * 2.0\ny = h.clone()\ny.clamp_(-0.5, 0.5)\nreturn y + h",
+    # the value before the change is read before it, the value after after it
+    "h = self.fc(x)\ns = h.sum(-1, keepdim=True)\nh.tanh_()\nreturn h * s",
+]
+
+
+@pytest.mark.parametrize("body", STATEMENTS)
+def test_in_place_statements_on_fresh_values_fuse(tmp_path, body):
+    source = _source(body)
+    cap, part = captured_source(tmp_path, source)
+    assert not [t for t in part.torch_ops if "in-place" in t["why"] or "in place" in t["why"]], part.torch_ops
+    names = [n["target"] for g in cap["graphs"] for n in g["nodes"] if n["op"].startswith("call_")]
+    assert not [t for t in names if isinstance(t, str) and t.rsplit(".", 1)[-1].endswith("_")
+                and not t.rsplit(".", 1)[-1].startswith("_")], names
+    assert part.groups
+    assert_model_new_matches(tmp_path, source, cap, part)
+
+
+SEEN_ELSEWHERE = [
+    # the caller's input changed in place: the caller sees it
+    ("x.relu_()\nreturn x * 2.0", "input"),
+    # a view of a fresh value changed in place changes the value too
+    ("h = self.fc(x)\nv = h[:, :8]\nv.mul_(2.0)\nreturn h.sum(-1)", ""),
+]
+
+
+@pytest.mark.parametrize("body, why", SEEN_ELSEWHERE)
+def test_in_place_on_shared_storage_is_kept(tmp_path, body, why):
+    source = _source(body)
+    cap, part = captured_source(tmp_path, source)
+    names = [n["target"] for g in cap["graphs"] for n in g["nodes"] if n["op"] == "call_method"]
+    assert any(t.endswith("_") for t in names), names
+    assert_model_new_matches(tmp_path, source, cap, part)
+    if why:
+        assert any(why in t["why"] for t in part.torch_ops), part.torch_ops
