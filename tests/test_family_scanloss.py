@@ -62,7 +62,9 @@ LOSSES = [("mse", {}), ("l1", {"reduction": "sum"}), ("smooth_l1", {"beta": 0.5}
                                   {"op": "shift", "value": 1.0}, {"op": "clamp_min", "value": 0.0}]}),
           ("total", {"reduction": "sum", "prologue": [{"op": "sub"}, {"op": "square"}]})]
 ROW_LOSSES = [("cross_entropy", {}), ("cross_entropy", {"reduction": "none"}),
-              ("cross_entropy", {"reduction": "sum", "ignore_index": 3}), ("triplet_margin", {}),
+              ("cross_entropy", {"reduction": "sum", "ignore_index": 3}),
+              ("cross_entropy", {"label_smoothing": 0.1, "ignore_index": 3}),
+              ("cross_entropy", {"label_smoothing": 0.3, "reduction": "none"}), ("triplet_margin", {}),
               ("triplet_margin", {"p": 1.0, "swap": True, "reduction": "sum"}),
               ("triplet_margin", {"p": 3.0, "margin": 0.3, "reduction": "none"}),
               ("cosine_similarity", {"reduction": "none"}),
@@ -131,7 +133,7 @@ def test_default_configs_compile_for_sm90_without_spills():
     ("loss", "mse", {"reduction": "batchmean"}, "batchmean"),
     ("loss", "total", {"reduction": "none"}, "mean or a sum"),
     ("loss", "huber", {"delta": 0.0}, "delta > 0"),
-    ("loss", "cross_entropy", {"label_smoothing": 0.1}, "does not take"),
+    ("loss", "cross_entropy", {"weight": 0.1}, "does not take"),
     ("loss", "cosine_similarity", {"epilogue": [{"op": "add"}]}, "no tensor operands"),
 ])
 def test_refusals_in_plain_words(family, op, params, match):

@@ -27,6 +27,8 @@ GROUPS = {  # module -> (family, op, params that must be set) of each group, in 
     "huber_loss": [("loss", "smooth_l1", {"beta": 1.0}), ("loss", "huber", {"delta": 0.5})],
     "kl_loss": [("loss", "kl_div", {"reduction": "batchmean", "log_input": True})],
     "hinge_loss": [("loss", "total", {"reduction": "mean"})],
+    "ce_smoothing": [("loss", "cross_entropy", {"label_smoothing": 0.1, "ignore_index": 2}),
+                     ("loss", "cross_entropy", {"label_smoothing": 0.25, "reduction": "sum"})],
     "cosine_loss": [("loss", "cosine_similarity", {"reduction": "mean"}),
                     ("loss", "cosine_embedding", {"reduction": "sum", "margin": 0.1})],
 }
@@ -65,7 +67,7 @@ import torch.nn.functional as F
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.ce = nn.CrossEntropyLoss(label_smoothing=0.1)
+        self.ce = nn.CrossEntropyLoss(weight=torch.rand(5) + 0.5)
 
     def forward(self, x, t, p, w):
         a = self.ce(x, t)
@@ -91,7 +93,7 @@ def test_near_misses_stay_pytorch_with_the_reason(tmp_path):
     part = partition(capture(str(path)))
     assert part.groups == []
     why = {t["node"]: t["why"] for t in part.torch_ops}
-    assert "label smoothing" in why["ce"]
+    assert "weights" in why["ce"]
     assert "int64 class indices" in why["cross_entropy"]
     assert "broadcast" in why["mse_loss"]
     assert "dtype" in why["cumsum"]

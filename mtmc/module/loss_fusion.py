@@ -8,7 +8,7 @@ cross_entropy / triplet_margin_loss / cosine_embedding_loss / cosine_similarity 
 keyword arguments and their defaults, and the nn.*Loss / nn.CosineSimilarity modules.  A row loss
 with reduction 'none' (or cosine_similarity) takes the scalar pointwise ops after it and then a
 torch.mean / torch.sum over everything (torch.mean(1 - F.cosine_similarity(a, b))).  Near misses
-(class weights, label smoothing, probability targets, broadcast targets, the deprecated
+(class weights, probability targets, broadcast targets, the deprecated
 size_average / reduce) are refused with the reason.  torch.log(p) feeding kl_div is read in the
 kernel.
 """
@@ -37,7 +37,7 @@ LOSS_MODULES = {_cls(c): op for c, op in [
 # how many tensors each op reads, and the settings it takes (name -> PyTorch's default)
 TENSORS = {"triplet_margin": 3, "cosine_embedding": 3}
 SETTINGS = {"smooth_l1": {"beta": 1.0}, "huber": {"delta": 1.0}, "kl_div": {"log_target": False},
-            "hinge_embedding": {"margin": 1.0}, "cross_entropy": {"ignore_index": -100},
+            "hinge_embedding": {"margin": 1.0}, "cross_entropy": {"ignore_index": -100, "label_smoothing": 0.0},
             "triplet_margin": {"margin": 1.0, "p": 2.0, "eps": 1e-6, "swap": False},
             "cosine_embedding": {"margin": 0.0}, "cosine_similarity": {"eps": 1e-8}}
 ROW_OPS = ("cross_entropy", "triplet_margin", "cosine_similarity", "cosine_embedding")
@@ -51,8 +51,6 @@ def _settings(op: str, given: dict) -> dict:
             raise Reject(f"{op}: the deprecated {key}= argument is not fused (use reduction=)")
     if given.get("weight") is not None:
         raise Reject(f"{op} with per-class or per-element weights is not fused")
-    if given.get("label_smoothing"):
-        raise Reject("cross_entropy with label smoothing is not fused")
     params = {"reduction": given.get("reduction", "mean")}
     if op == "cosine_similarity":   # one value per row, reduced only by a mean or sum after it
         params["reduction"] = "none"
@@ -61,6 +59,10 @@ def _settings(op: str, given: dict) -> dict:
         if value is not None and not isinstance(value, (bool, int, float)):
             raise Reject(f"{op}: a computed {key} is not fused")
         params[key] = value if isinstance(default, bool) or key == "ignore_index" else float(value)
+    if params.get("label_smoothing") == 0.0:   # the plain cross entropy's spec, as before
+        del params["label_smoothing"]
+    if not 0.0 <= params.get("label_smoothing", 0.0) <= 1.0:
+        raise Reject("cross_entropy's label_smoothing must be between 0 and 1")
     if params.get("reduction") not in (None, "mean", "sum", "none", "batchmean"):
         raise Reject(f"{op}: reduction {params['reduction']!r} is unknown")
     return params

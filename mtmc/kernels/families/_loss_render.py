@@ -14,7 +14,7 @@ REDUCTIONS = ("mean", "sum", "none", "batchmean")
 # op -> {param: default}; every other param is refused
 PARAMS = {"mse": {}, "l1": {}, "smooth_l1": {"beta": 1.0}, "huber": {"delta": 1.0},
           "kl_div": {"log_target": False, "log_input": False}, "hinge_embedding": {"margin": 1.0},
-          "total": {"prologue": []}, "cross_entropy": {"ignore_index": -100, "epilogue": []},
+          "total": {"prologue": []}, "cross_entropy": {"ignore_index": -100, "label_smoothing": 0.0, "epilogue": []},
           "triplet_margin": {"margin": 1.0, "p": 2.0, "eps": 1e-6, "swap": False, "epilogue": []},
           "cosine_similarity": {"eps": 1e-8, "epilogue": []}, "cosine_embedding": {"margin": 0.0, "epilogue": []}}
 TORCH_NAMES = {"mse": "mse_loss", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss", "huber": "huber_loss",
@@ -130,6 +130,12 @@ def _row_pieces(spec: KernelSpec) -> tuple[list[str], list[str], list[str]]:
                f"keep = row_mask & (t != {ignore}) & (t >= 0) & (t < N)",
                "picked = tl.load(x_ptr + rows64 * stride_x + t, mask=keep, other=0.0).to(tl.float32)",
                "v = tl.where(keep, row_max + tl.log(denom) - picked, 0.0)"]
+        eps = float(param(spec, "label_smoothing"))
+        if eps:   # (1 - e) * nll + e * mean over classes of -log p = lse - (1 - e) x_t - e * mean(x)
+            init.append("row_sum = tl.zeros([ROWS_PER_PROG], dtype=tl.float32)")
+            step.append("row_sum += tl.sum(tl.where(mask, x, 0.0), axis=1)")
+            end[-1] = (f"v = tl.where(keep, row_max + tl.log(denom) - {_num(1.0 - eps)} * picked"
+                       f" - {_num(eps)} * (row_sum / N), 0.0)")
         return init, step, end
     if spec.op == "triplet_margin":
         p, eps = float(param(spec, "p")), _num(param(spec, "eps"))

@@ -8,7 +8,8 @@ Elementwise losses read x and y [M, N] as one flat run of M * N elements (M is t
   "margin", default 1), and total: the sum or mean of a pointwise "prologue" chain of x and its
   operands (torch.mean(torch.clamp(1 - pred * target, min=0)), torch.mean((a - b) ** 2)).
 Row losses reduce each row of N values to one value first:
-  cross_entropy (x [M, N] logits, target [M] int64 class indices, "ignore_index" default -100),
+  cross_entropy (x [M, N] logits, target [M] int64 class indices, "ignore_index" default -100,
+  "label_smoothing" default 0),
   triplet_margin (anchor, positive, negative [M, N]; "margin" 1, "p" 2, "eps" 1e-6, "swap"),
   cosine_similarity (x1, x2 [M, N]; "eps" 1e-8), cosine_embedding (x1, x2 [M, N], y [M] +-1;
   "margin" 0); a row loss's values may go through an "epilogue" chain without operands
@@ -196,7 +197,7 @@ def _magnitude(spec: KernelSpec) -> list[str]:
         return [f"s = x.abs() + {abs(float(param(spec, 'margin')))!r}"]
     if op == "cross_entropy":   # logsumexp - the target's logit: rounding follows both terms
         return ["s = torch.logsumexp(x, dim=-1).abs() + x.gather(1, target.clamp(0, x.shape[1] - 1)[:, None])"
-                ".squeeze(1).abs()"]
+                ".squeeze(1).abs()" + (" + x.abs().mean(-1)" if param(spec, "label_smoothing") else "")]
     if op == "triplet_margin":
         p, eps = param(spec, "p"), param(spec, "eps")
         pairs = ["anchor, positive", "anchor, negative"] + (["positive, negative"] if param(spec, "swap") else [])
