@@ -108,3 +108,11 @@ def test_prelu_per_channel_and_single_weight_fuse_and_follow_their_weights(tmp_p
     assert sum("prelu" in op for g in part.groups for op in g.nodes) == 3
     assert_model_new_matches(tmp_path, PRELU, cap, part, changed={
         "act.weight": torch.linspace(-2.0, 3.0, 8), "one.weight": torch.tensor([-0.7]), "w": torch.rand(5) * 4 - 2})
+
+
+def test_clamp_between_tensors_is_a_maximum_and_a_minimum(tmp_path):
+    source = _source("lo = y.mean(-1, keepdim=True)[..., :1].expand(4, 6, 24)\n"
+                     "return torch.clamp(self.fc(x), min=lo).clamp(max=2.0) + x.clip(z, z + 1.0).sum(-1, keepdim=True)")
+    cap, part = captured_source(tmp_path, source)
+    assert not [t for t in part.torch_ops if "clamp" in t["op"] or "clip" in t["op"]], part.torch_ops
+    assert_model_new_matches(tmp_path, source, cap, part)

@@ -1,7 +1,8 @@
 """Composite torch ops written as the plain ops the catalog fuses, in a traced fx graph.
 
 `torch.baddbmm(b, q, k, alpha=a)` is a bmm, a scale and an add; `F.glu(x)` is a chunk, a
-sigmoid and a product; nn.PReLU is F.prelu of its weight; `torch.addcmul(x, a, b, value=v)` is a product, a scale and an add.
+sigmoid and a product; nn.PReLU is F.prelu of its weight; a clamp between tensors is a maximum
+and a minimum; `torch.addcmul(x, a, b, value=v)` is a product, a scale and an add.
 Left whole they stay PyTorch ("outside the kernel catalog"); written out, the matmul families
 take the scale and the add as their epilogue and the elementwise family one kernel for the rest.
 Each rewrite computes what PyTorch's own kernel computes, in the same order where the order
@@ -111,6 +112,17 @@ def _rewrite(graph, node, mod):
             return w.fn(operator.add, node.args[0], w.fn(operator.mul, scaled, t2))
         quotient = w.fn(operator.truediv, t1, t2)   # ATen: input + value * (tensor1 / tensor2)
         return w.fn(operator.add, node.args[0], quotient if value == 1 else w.fn(operator.mul, quotient, value))
+    if target in (torch.clamp, torch.clip) or method in ("clamp", "clip"):
+        lo, hi = _arg(node, 1, "min"), _arg(node, 2, "max")
+        if not any(isinstance(v, torch.fx.Node) for v in (lo, hi)):
+            return None   # number bounds: a clamp step as it is
+        # tensor bounds: max then min, as PyTorch's clamp (a NaN in x stays NaN)
+        out = node.args[0]
+        if lo is not None:
+            out = w.fn(torch.maximum, out, lo) if isinstance(lo, torch.fx.Node) else w.fn(torch.clamp, out, min=lo)
+        if hi is not None:
+            out = w.fn(torch.minimum, out, hi) if isinstance(hi, torch.fx.Node) else w.fn(torch.clamp, out, max=hi)
+        return out
     if target is torch.lerp or method == "lerp":
         weight = _arg(node, 2, "weight")
         if not _number(weight):
