@@ -27,6 +27,8 @@ from mtmc.request.parse import parse_request
     ("hinge loss of 32768x32768", "loss", "total", (32768, 32768), "float32", {}),
     ("cross entropy with ignore index 3 and no reduction on 1024x50257 logits", "loss", "cross_entropy",
      (1024, 50257), "float32", {"reduction": "none", "ignore_index": 3}),
+    ("cross entropy with label smoothing 0.1, 4096 rows over 1000 classes", "loss", "cross_entropy",
+     (4096, 1000), "float32", {"label_smoothing": 0.1}),
 ])
 def test_requests_parse_to_specs(text, family, op, dims, dtype, params):
     r = parse_request(text)

@@ -150,6 +150,28 @@ ERROR_GAIN = {
 }
 
 
+def written_steps(op: str, *values: float) -> list[dict]:
+    """Steps of the activations written with other steps: tanhshrink (x - tanh(x)), softshrink
+    with lambd (x - clamp(x, -l, l): exactly 0 between), hardshrink with lambd (x where |x| > l,
+    else 0) and threshold with its threshold and value (x where x > threshold, else value).
+    ValueError for a negative lambd."""
+    if op == "tanhshrink":
+        return [{"op": "fork", "binop": "sub", "left": [], "right": [{"op": "tanh"}]}]
+    if op in ("softshrink", "hardshrink") and values[0] < 0:
+        raise ValueError(f"{op}'s lambd must be at least 0")
+    if op == "softshrink":
+        return [{"op": "fork", "binop": "sub", "left": [],
+                 "right": [{"op": "clamp_min", "value": -values[0]}, {"op": "clamp_max", "value": values[0]}]}]
+    if op == "hardshrink":
+        return [{"op": "select", "cond": [{"op": "abs"}], "cmp": "gt", "value": values[0], "then": [], "else": 0.0}]
+    if op == "threshold":
+        return [{"op": "select", "cond": [], "cmp": "gt", "value": values[0], "then": [], "else": values[1]}]
+    raise ValueError(f"{op} is not a written-out activation")
+
+
+WRITTEN = ("tanhshrink", "softshrink", "hardshrink", "threshold")
+
+
 def all_ops() -> set[str]:
     return set(UNARY) | set(SCALAR) | set(BINARY) | set(VECTOR) | set(POWER) | set(INDEXED) | set(MASKED) | {
         "fork", "select"}

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mtmc.kernels import pointwise
 from mtmc.module.fxjson import target_name
 
 
@@ -60,17 +61,8 @@ def _number(v, what: str) -> float:
 
 
 def _steps(op: str, values: list[float]) -> list[dict]:
-    if op == "tanhshrink":   # x - tanh(x)
-        return [{"op": "fork", "binop": "sub", "left": [], "right": [{"op": "tanh"}]}]
-    if op == "softshrink":   # x - clamp(x, -l, l): x - l above l, x + l below -l, exactly 0 between
-        if values[0] < 0:
-            raise ValueError("softshrink's lambd must be at least 0")
-        return [{"op": "fork", "binop": "sub", "left": [],
-                 "right": [{"op": "clamp_min", "value": -values[0]}, {"op": "clamp_max", "value": values[0]}]}]
-    if op == "hardshrink":   # x where |x| > l, else 0
-        return [{"op": "select", "cond": [{"op": "abs"}], "cmp": "gt", "value": values[0], "then": [], "else": 0.0}]
-    if op == "threshold":    # x where x > threshold, else value
-        return [{"op": "select", "cond": [], "cmp": "gt", "value": values[0], "then": [], "else": values[1]}]
+    if op in pointwise.WRITTEN:   # the shrinks and threshold: select and fork steps
+        return pointwise.written_steps(op, *values)
     if op == "rrelu":        # in eval mode the slope is fixed: (lower + upper) / 2
         lower, upper, training = values
         if training:

@@ -198,6 +198,7 @@ def supported_summary() -> str:
     """What can be asked for, in plain words, with examples that parse."""
     lines = ["I can write these kernels (one per request):",
              "- elementwise chains on one tensor: " + ", ".join(pointwise.UNARY)
+             + ", " + ", ".join(pointwise.WRITTEN)
              + "; with a number: scale, shift, leaky_relu, clamp_min, clamp_max; with a second tensor: "
              + ", ".join(pointwise.BINARY) + "; and bias (a vector over the last dim).",
              "- reductions along the last dim: " + ", ".join(FAMILY_OPS["reduction"])
@@ -218,7 +219,7 @@ def supported_summary() -> str:
              "an output size (adaptive; 'global' is 1), and pointwise ops fused after.",
              "- scans along the last dim: " + ", ".join(FAMILY_OPS["scan"]) + " (reverse, exclusive, masked).",
              "- losses: " + ", ".join(FAMILY_OPS["loss"]) + " (total: the mean of a hinge); reduction mean, sum, none "
-             "(batchmean for kl_div), with margin, delta, beta, p, ignore index.",
+             "(batchmean for kl_div), with margin, delta, beta, p, ignore index, label smoothing.",
              "- attention (sdpa: scaled dot-product, one flash kernel): q as B x H x L x E or batch, heads, sequence "
              "length and head dim in words; causal, an additive or a boolean mask, a scale; k/v of another length.",
              "Shapes: 4096x8192, (4096, 8192), [32, 128, 4096] (leading dims become rows), '8192 rows of width "

@@ -43,6 +43,11 @@ _ACTIVATIONS = [
     (r"\b(?:natural\s+)?(?:log(?:arithm)?|ln)\b(?![\s_-]*(?:soft|sum|sigmoid))", "log", {}),
     (r"\bsign(?:um)?\b", "sign", {}),
     (r"\berf\b|\berror\s+function\b", "erf", {}),
+    (r"\btanh[\s_-]?shrink\b", "tanhshrink", {}),
+    (rf"\bsoft[\s_-]?shrink\b{_V}(?:lambda|lambd|threshold){_EQ}(?P<l>{NUM})\s*\)?)?", "softshrink",
+     {"l": ("value", 0.5)}),
+    (rf"\bhard[\s_-]?shrink\b{_V}(?:lambda|lambd|threshold){_EQ}(?P<l>{NUM})\s*\)?)?", "hardshrink",
+     {"l": ("value", 0.5)}),
 ]
 _HARDTANH = (rf"\bhard[\s_-]?tanh\b{_V}min(?:_val)?{_EQ}(?P<lo>{NUM})\s*,?\s*(?:and\s+)?max(?:_val)?{_EQ}"
              rf"(?P<hi>{NUM})\s*\)?)?")
@@ -80,6 +85,12 @@ def read_pointred(ctx: _Ctx) -> None:
             if op in ("elu", "celu", "softplus") and step["value"] == 0:
                 raise _Fail(f"'{m.group(0).strip()}': {op} with {'beta' if op == 'softplus' else 'alpha'} 0 "
                             "is undefined.")
+            if op in pointwise.WRITTEN:   # written with the catalog's select and fork steps
+                try:
+                    ctx.add_steps(m, pointwise.written_steps(op, *([step["value"]] if "value" in step else [])))
+                except ValueError as e:
+                    raise _Fail(f"'{m.group(0).strip()}': {e}.") from None
+                continue
             ctx.add_steps(m, [step])
     for m in ctx.take(_POWER):
         p = 3.0 if m.group("cube") else _number(m.group("p"))

@@ -11,7 +11,7 @@ reduction of 32768x4096 probabilities", "cosine similarity loss of 32768x8192", 
 
 `read_scanloss` runs right after the conv phase: when the request names a scan or a loss it takes
 the op's own words (the op, reverse / exclusive / masked, the reduction, margin, delta, beta, p,
-ignore index) and adds the core item; the shape and dtype are read by the usual phases.
+ignore index, label smoothing) and adds the core item; the shape and dtype are read by the usual phases.
 `build_scanloss` turns it into the spec: scans run along the last dim of the shape (leading dims
 are rows), losses read [rows, width] tensors.  Stated defaults: reduction mean, PyTorch's margins.
 """
@@ -50,7 +50,7 @@ _REDUCTION = [
 ]
 _SETTINGS = {key: rf"\b{word}\s*(?:=|:|of|is)?\s*(?P<v>{NUM})" for key, word in [
     ("margin", "margin"), ("delta", "delta"), ("beta", "beta"), ("p", r"(?:p|norm(?:\s+degree)?)"),
-    ("ignore_index", r"ignore[\s_-]*index")]}
+    ("ignore_index", r"ignore[\s_-]*index"), ("label_smoothing", r"label[\s_-]*smoothing(?:\s+of)?")]}
 _MODIFIERS = {"reverse": r"\brevers(?:e|ed)\b|\bbackwards?\b|\bsuffix\b|\bfrom\s+the\s+(?:end|right)\b",
               "exclusive": r"\bexclusive\b", "masked": r"\bmasked\b|\bwith\s+a\s+(?:bool(?:ean)?\s+)?mask\b",
               "log_target": r"\blog[\s_-]*target\b"}
