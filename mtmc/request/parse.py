@@ -198,7 +198,7 @@ def supported_summary() -> str:
     """What can be asked for, in plain words, with examples that parse."""
     lines = ["I can write these kernels (one per request):",
              "- elementwise chains on one tensor: " + ", ".join(pointwise.UNARY)
-             + ", " + ", ".join(pointwise.WRITTEN)
+             + ", " + ", ".join(op for op in pointwise.WRITTEN if op != "threshold")   # threshold: modules only
              + "; with a number: scale, shift, leaky_relu, clamp_min, clamp_max; with a second tensor: "
              + ", ".join(pointwise.BINARY) + "; and bias (a vector over the last dim).",
              "- reductions along the last dim: " + ", ".join(FAMILY_OPS["reduction"])
