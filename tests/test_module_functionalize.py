@@ -75,3 +75,37 @@ def test_in_place_on_shared_storage_is_kept(tmp_path, body, why):
     assert_model_new_matches(tmp_path, source, cap, part)
     if why:
         assert any(why in t["why"] for t in part.torch_ops), part.torch_ops
+
+
+CLASSIFIER = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True))
+        self.classifier = nn.Sequential(nn.Linear(4 * 6 * 6, 32), nn.ReLU(inplace=True), nn.Dropout(p=0.0),
+                                        nn.Linear(32, 16), nn.ReLU(inplace=True), nn.Dropout(p=0.0),
+                                        nn.Linear(16, 5))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 8, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_in_place_relu_read_through_a_dropout_fuses(tmp_path):
+    # VGG's and AlexNet's classifiers: the dropout after ReLU(inplace=True) views the changed value,
+    # which is what every later reader wants; it was refused as "in-place op on a view"
+    cap, part = captured_source(tmp_path, CLASSIFIER)
+    assert not [t for t in part.torch_ops if "in-place" in t["why"]], part.torch_ops
+    assert_model_new_matches(tmp_path, CLASSIFIER, cap, part)

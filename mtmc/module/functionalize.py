@@ -138,6 +138,23 @@ def storage_family(g, name: str) -> tuple[str, set[str]]:
     return root, members
 
 
+def changed_elsewhere(g, name: str) -> set[str]:
+    """The values in-place node `name` changes besides its own result: the value it is called on
+    and every value sharing that storage, less its result and the views made from that result
+    (those are read after the change by construction)."""
+    args, _ = g.args(name)
+    if not args or not hasattr(args[0], "name"):
+        return set()
+    _, family = storage_family(g, args[0].name)
+    after, todo = {name}, [name]
+    while todo:
+        for u in g.users[todo.pop()]:
+            if u in family and u not in after:
+                after.add(u)
+                todo.append(u)
+    return family - after
+
+
 def changes_in_place(g, name: str) -> bool:
     """Whether node `name` of a captured graph changes its first argument in place: x.relu_(),
     torch.relu_(x), F.relu(x, inplace=True), nn.ReLU(inplace=True)."""
@@ -152,11 +169,6 @@ def changes_in_place(g, name: str) -> bool:
 
 def mutations(g) -> list[tuple[str, str]]:
     """(in-place node, a value it changes) over a captured graph: the value it is called on and
-    every value sharing that storage (views of it, the tensor it views)."""
-    found = []
-    for n in g.nodes:
-        if changes_in_place(g, n["name"]):
-            args, _ = g.args(n["name"])
-            if args and hasattr(args[0], "name"):
-                found += [(n["name"], m) for m in sorted(storage_family(g, args[0].name)[1]) if m != n["name"]]
-    return found
+    every value sharing that storage (views of it, the tensor it views), as changed_elsewhere."""
+    return [(n["name"], m) for n in g.nodes if changes_in_place(g, n["name"])
+            for m in sorted(changed_elsewhere(g, n["name"]))]

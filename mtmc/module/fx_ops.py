@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from mtmc.kernels.spec import DTYPES
 from mtmc.module import activations, identities
-from mtmc.module.functionalize import storage_family
+from mtmc.module.functionalize import changed_elsewhere, storage_family
 from mtmc.module.fxjson import arg_nodes, decode_arg, target_name
 
 
@@ -332,8 +332,8 @@ class Classifier:
             raise Reject("in-place op on an input or a parameter (the caller sees the change)")
         if len(self.g.users[x.name]) > 1:
             raise Reject("in-place op on a tensor that is used elsewhere")
-        here = self.g.order[name]
-        if any(self.g.order[u] > here and u not in family for m in family - {name} for u in self.g.users[m]):
+        here, before = self.g.order[name], changed_elsewhere(self.g, name)
+        if any(self.g.order[u] > here and u not in family for m in before for u in self.g.users[m]):
             raise Reject("in-place op on a view: the change reaches the tensor it views, which is read later")
 
     def _unary(self, op: str, name: str, args: tuple, kwargs: dict) -> Pointwise:
