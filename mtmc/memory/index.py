@@ -8,7 +8,9 @@ chromadb is imported here only when an index is opened: the core runs without it
 """
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from pathlib import Path
 
 from mtmc.memory.records import HistoryRecord
@@ -39,18 +41,33 @@ def open_client(path: Path):
 
 
 _SHARED: dict[tuple, "HistoryIndex"] = {}
+# One lock for every index in the process: a module's groups are optimized in threads side by
+# side, and Chroma's local client is not safe across them (two threads opening one directory, or
+# a reopen closing the client under another thread's query, raised "'RustBindingsAPI' object has
+# no attribute 'bindings'" and stopped the run).
+_LOCK = threading.RLock()
+
+
+def _locked(method):
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with _LOCK:
+            return method(self, *args, **kwargs)
+    return run
 
 
 def shared_index(path: Path) -> "HistoryIndex":
     """One index per location and process: Chroma shares one system per directory in a process,
     so a reopen (see HistoryIndex.reopen) only works when nothing else holds it."""
     key = (str(path), os.environ.get("MTMC_CHROMA_HOST"), os.environ.get("MTMC_CHROMA_PORT"))
-    if key not in _SHARED:
-        _SHARED[key] = HistoryIndex(path)
-    return _SHARED[key]
+    with _LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = HistoryIndex(path)
+        return _SHARED[key]
 
 
 class HistoryIndex:
+    @_locked
     def __init__(self, path: Path):
         self.path = path
         self.client = open_client(path)  # MemoryUnavailable without chromadb, before importing it
@@ -62,6 +79,15 @@ class HistoryIndex:
             raise MemoryUnavailable(f"cannot open collection {COLLECTION!r}: {exc}") from exc
         self.log_size = -1  # size of the log this process knows the index to reflect
 
+    @_locked
+    def sync(self, log_size: int) -> None:
+        """See another process's writes when the log grew since this process last looked."""
+        if self.log_size != log_size:
+            if self.log_size >= 0:
+                self.reopen()
+            self.log_size = log_size
+
+    @_locked
     def reopen(self) -> None:
         """A local index is read into memory when opened and does not see another process's
         later writes; opening it again does."""
@@ -73,13 +99,16 @@ class HistoryIndex:
         return self.client.get_or_create_collection(
             COLLECTION, embedding_function=self.embedding, configuration={"hnsw": {"space": "cosine"}})
 
+    @_locked
     def ids(self, where: dict | None = None) -> list[str]:
         return self.collection.get(where=where, include=[])["ids"]
 
+    @_locked
     def metadatas(self, where: dict | None = None) -> dict[str, dict]:
         res = self.collection.get(where=where, include=["metadatas"])
         return dict(zip(res["ids"], res["metadatas"]))
 
+    @_locked
     def upsert(self, records: list[HistoryRecord]) -> None:
         batch = self.client.get_max_batch_size()
         for i in range(0, len(records), batch):
@@ -87,6 +116,7 @@ class HistoryIndex:
             self.collection.upsert(ids=[r.id for r in part], documents=[r.description() for r in part],
                                    metadatas=[r.metadata() for r in part])
 
+    @_locked
     def query(self, text: str, where: dict | None, n: int, ids: list[str] | None = None) -> list[tuple[str, float]]:
         """(id, cosine distance) of the n nearest descriptions passing the filter (and among
         `ids` when given), nearest first."""
@@ -101,6 +131,7 @@ class HistoryIndex:
             res = self.collection.query(**args)
         return list(zip(res["ids"][0], res["distances"][0]))
 
+    @_locked
     def reset(self) -> None:
         from chromadb.errors import NotFoundError
         try:

@@ -33,11 +33,7 @@ class Store:
     def index(self) -> HistoryIndex:
         """The Chroma index, current with the log; MemoryUnavailable where it cannot be opened."""
         index = shared_index(self.root / "chroma")
-        size = self.log.size()
-        if index.log_size != size:  # another process wrote since: see its writes
-            if index.log_size >= 0:
-                index.reopen()
-            index.log_size = size
+        index.sync(self.log.size())
         return index
 
     # -- writing ---------------------------------------------------------------------------
@@ -121,10 +117,14 @@ class Store:
         used (not installed, as on a bare GPU box; server down) the structured distance alone
         ranks the log's records, and each hit says so ("distance": None)."""
         try:
-            index = self.index()
+            return self._similar_from_index(self.index(), spec, gpu, k)
         except MemoryUnavailable as exc:
             self.index_note = str(exc)
-            return self._similar_from_log(spec, gpu, k)
+        except Exception as exc:   # an index that fails mid-query must not stop the run: the log still ranks
+            self.index_note = f"the Chroma index failed ({type(exc).__name__}: {exc})"
+        return self._similar_from_log(spec, gpu, k)
+
+    def _similar_from_index(self, index: HistoryIndex, spec: dict, gpu: str, k: int) -> list[dict]:
         base = [{"family": spec["family"]}, {"gpu": gpu}]
         bucket = shape_bucket(spec["dims"])
         near = base + [{"shape_bucket": {"$gte": bucket - BUCKET_SPAN}},
