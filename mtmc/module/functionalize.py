@@ -2,12 +2,16 @@
 
 `h = self.fc(x); h.relu_(); h.mul_(0.5); return h.sum(-1)` changes `h` without a new name, so
 the graph reads `h` after the change through the node that made it before the change: every
-group that reads h would have to be ordered around the in-place ops, and today they stay
-PyTorch.  Where nobody else can see the storage (h is a fresh tensor its producer allocated,
-not an input, a parameter or a view, and no view of it was taken), `h.relu_()` is the same as
-`h2 = h.relu()` with every later read of h reading h2.  That rewrite is done here, in graph
-order, so chains of in-place ops become chains of values.  Anything else is left as it was,
-and the partition keeps refusing it with its reason.
+group that reads h would have to be ordered around the in-place ops, so they stayed PyTorch.
+Where nobody else can see the storage (h is a fresh tensor its producer allocated, not an input,
+a parameter or a view, and no view of it was taken), `h.relu_()` is the same as `h2 = h.relu()`
+with every later read of h reading h2.  `functionalize` does that rewrite at capture, in graph
+order, so chains of in-place ops become chains of values.  Anything else is left as it was.
+
+For what is left, the partition and the graph stage ask `storage_family`, `changed_elsewhere` and
+`mutations` which values an in-place op changes: the value it is called on, the tensor that value
+views and every view of either (a change through `h[:, :8]` changes h), but not the op's own
+result and the views made from it, which every later reader wants changed.
 """
 from __future__ import annotations
 
