@@ -1,5 +1,6 @@
 """GPT-2's MLP as Hugging Face writes it: Conv1D layers (torch.addmm of a bias, the flattened input
-and a [in, out] weight), the tanh GELU between them, and a beta != 1 addmm left to PyTorch."""
+and a [in, out] weight), the tanh GELU between them, and a beta != 1 addmm (a matmul whose epilogue
+adds the scaled input)."""
 import math
 
 import torch
