@@ -66,6 +66,15 @@ def _twin(node):
     return None
 
 
+def _in_place(op: str, target: str, kwargs: dict, module: dict | None) -> bool:
+    """Whether a call changes its first argument in place: x.relu_(), torch.relu_(x),
+    F.relu(x, inplace=True), nn.ReLU(inplace=True) (module: its info, {"type", "attrs"})."""
+    if op == "call_module":
+        return bool((module or {}).get("attrs", {}).get("inplace"))
+    name = target.rsplit(".", 1)[-1]
+    return (name.endswith("_") and not name.startswith("_")) or kwargs.get("inplace") is True
+
+
 def may_alias(op: str, target: str, kwargs: dict, module: dict | None = None) -> bool:
     """Whether a node's value may share storage with another value (an input, a parameter, the
     value it was made from), from its op, its target's name, its keywords and, for a module call,
@@ -73,15 +82,14 @@ def may_alias(op: str, target: str, kwargs: dict, module: dict | None = None) ->
     return their input."""
     if op in ("placeholder", "get_attr", "output"):
         return True
-    inplace = kwargs.get("inplace") is True
-    name = target.rsplit(".", 1)[-1]
+    if _in_place(op, target, kwargs, module):
+        return True
     if op == "call_method":
-        return target in ALIAS_METHODS or inplace or (name.endswith("_") and not name.startswith("_"))
+        return target in ALIAS_METHODS
     if op == "call_function":
-        return target in ALIAS_FUNCTION_NAMES or inplace or (name.endswith("_") and not name.startswith("_"))
+        return target in ALIAS_FUNCTION_NAMES
     module = module or {}
-    return (module.get("type") in ALIAS_MODULE_NAMES or not str(module.get("type", "")).startswith("torch.")
-            or bool(module.get("attrs", {}).get("inplace")))
+    return module.get("type") in ALIAS_MODULE_NAMES or not str(module.get("type", "")).startswith("torch.")
 
 
 def _fx_may_alias(node, mod) -> bool:
@@ -163,12 +171,8 @@ def changes_in_place(g, name: str) -> bool:
     """Whether node `name` of a captured graph changes its first argument in place: x.relu_(),
     torch.relu_(x), F.relu(x, inplace=True), nn.ReLU(inplace=True)."""
     n = g.by_name[name]
-    if not n["op"].startswith("call_"):
-        return False
-    if n["op"] == "call_module":
-        return bool(g.modules.get(n["target"], {}).get("attrs", {}).get("inplace"))
-    t = n["target"].rsplit(".", 1)[-1]
-    return (t.endswith("_") and not t.startswith("_")) or (n.get("kwargs") or {}).get("inplace") is True
+    return n["op"].startswith("call_") and _in_place(n["op"], n["target"], n.get("kwargs") or {},
+                                                     g.modules.get(n["target"]))
 
 
 def mutations(g) -> list[tuple[str, str]]:

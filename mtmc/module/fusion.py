@@ -153,12 +153,12 @@ class Partitioner:
         self.library = dict(library or {})
         self._classify(desc)
         # identity ops (clone, detach, eval dropout ...) are read past, so they split no group
-        self.dropped = identities.identity_nodes(self.g, self.sem, self._mutations())
+        self.dropped = identities.identity_nodes(self.g, self.sem, mutations(self.g))
         if self.dropped:
             self._classify(identities.without_identities(desc, self.dropped))
         self.taken: set[str] = set()
         self.shared: set[str] = set()   # cheap producers recomputed inside each consumer
-        self.mutations = self._mutations()
+        self.mutations = mutations(self.g)   # of the graph without its identities
         self.groups: list[Group] = []
         self.next_id = first_id
 
@@ -176,10 +176,6 @@ class Partitioner:
                 s, self.why[n["name"]] = None, _not_analysed(e)
             if s is not None:
                 self.sem[n["name"]] = s
-
-    def _mutations(self) -> list[tuple[str, str]]:
-        """(in-place node, a value it changes), e.g. x.relu_(), F.relu(x, inplace=True)."""
-        return mutations(self.g)
 
     def _mutated_inside(self, nodes: list[str], args: list[dict]) -> str | None:
         """An in-place op outside the group that changes one of its inputs between the group's

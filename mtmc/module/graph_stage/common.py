@@ -164,10 +164,6 @@ def classify(g: Graph, name: str):
         return None
 
 
-def _inplace(g: Graph, name: str) -> bool:
-    return changes_in_place(g, name)
-
-
 def per_feature(g: Graph, other, out_shape: list[int], feature_dim: int) -> bool:
     """`other` (a tensor) is constant along every dim of `out_shape` but the feature dim and
     broadcasts into it without growing it: [N], [1, N], [C, 1, 1], [1], []."""
@@ -184,7 +180,7 @@ def per_feature(g: Graph, other, out_shape: list[int], feature_dim: int) -> bool
 def chain_step(g: Graph, name: str, running: str, out_shape: list[int], feature_dim: int) -> Step | str:
     """The affine step `name` applies to `running` (an op of a constant along the feature dim),
     or why it is not one, in words."""
-    if _inplace(g, name):
+    if changes_in_place(g, name):
         return f"{g.words(name)} is an in-place op"
     s = classify(g, name)
     if not isinstance(s, Pointwise):
