@@ -235,3 +235,15 @@ def test_the_library_decision_needs_a_measured_kernel_on_a_gpu(monkeypatch):
     state = planned("conv_bias_act.py")   # gpu False
     state["outcomes"] = {str(g["id"]): dict(WON) for g in state["groups"]}
     assert module_flow.regroup(state) == {"library": [], "outcomes": {}}
+
+
+@pytest.mark.parametrize("ours_ms, eager_ms, status", [(2.020, 2.016, "kernel"), (2.000, 2.016, "kernel"),
+                                                         (2.100, 2.016, "fallback")])
+def test_a_kernel_at_eagers_time_is_kept_and_a_slower_one_falls_back(ours_ms, eager_ms, status):
+    """L1 5 (a scalar multiply, memory-bound) fell back on the H200 with its kernel a hair over
+    eager's time: within timing noise the user keeps the Triton kernel they asked for."""
+    state = {"status": "done", "baselines": {"eager_ms": eager_ms},
+             "best": {"source": "k", "config": {}, "time_ms": ours_ms, "verdict": {"measured": True}}}
+    out = module_steps.outcome_from_state(state, gpu=True)
+    assert out["status"] == status
+    assert (status == "fallback") == ("loses to PyTorch eager" in out["reason"])

@@ -132,6 +132,12 @@ def group_plan(g: Group) -> dict:
 
 # -- one group through the loop ---------------------------------------------------------------
 
+# A kernel within this share of eager's time is a tie, not a loss: memory-bound ops run at the
+# copy bandwidth either way and timing noise decides which is "faster" (L1 5, a scalar multiply:
+# 2.016 ms against 2.021), so the user keeps the Triton kernel they asked for.
+TIE = 0.01
+
+
 def outcome_from_state(state: dict, gpu: bool) -> dict:
     """What the loop found for one group: a kernel, or why the group stays PyTorch."""
     best = state.get("best") or {}
@@ -144,7 +150,7 @@ def outcome_from_state(state: dict, gpu: bool) -> dict:
            "measured": bool(verdict.get("measured")), "eager_ms": baselines.get("eager_ms"),
            "compile_ms": baselines.get("compile_ms"), "resources": verdict.get("resources"),
            "reason": "the catalog serves it"}
-    if gpu and out["measured"] and out["eager_ms"] and out["time_ms"] > out["eager_ms"]:
+    if gpu and out["measured"] and out["eager_ms"] and out["time_ms"] > out["eager_ms"] * (1 + TIE):
         out.update(status="fallback", reason=f"its best kernel ({out['time_ms']:.4f} ms) loses to PyTorch eager "
                    f"({out['eager_ms']:.4f} ms) on the GPU")
     elif not gpu:
