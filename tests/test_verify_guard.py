@@ -501,3 +501,11 @@ def test_the_next_candidate_session_starts_before_its_check(tmp_path):
         assert not nxt.session.alive and ref.spare is not nxt
         assert v["accepted"], format_verdict(v)
     assert ref.spare is None or not ref.spare.session.alive
+
+
+def test_modelnew_is_built_under_models_seed():
+    """A tensor Model's constructor draws outside its state_dict (KernelBench's LSTMs keep h0 =
+    torch.randn(...)) came out different in ModelNew, so even an all-PyTorch ModelNew was rejected:
+    the candidate now builds ModelNew under the seed the reference built Model with."""
+    v = verify(path("ref_init_state"), path("honest_init_state"), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)

@@ -2,10 +2,10 @@
 that never holds the reference's outputs.
 
 Jobs, in the verifier's order (state stays in this process between them):
-  candidate_open  {"path", "device", "payload" (init inputs, state_dict, mode: exchange), "dir"}
+  candidate_open  {"path", "device", "payload" (init inputs, state_dict, mode, Model's build seed: exchange), "dir"}
                   -> observations: poison memory, take baselines (threads, timing functions, the
                   helpers used here), install the launch and stream counters, import CANDIDATE,
-                  build ModelNew(*init) and load the reference's state_dict (strict)
+                  build ModelNew(*init) under Model's seed and load the reference's state_dict (strict)
   candidate_trial {"index", "payload" (the variant's inputs), "dir", "poison_bytes"}
                   -> {"obs", "payload"}: the first trial copies the inputs into buffers of its
                   own; every later trial refills THE SAME buffers in place with the new values
@@ -22,6 +22,7 @@ import os
 import traceback
 
 from mtmc.tools.guard import probes
+from mtmc.tools.guard.draw import seed_everything
 from mtmc.tools.guard.exchange import receive, share
 from mtmc.tools.guard.reference import outputs_of, to_device
 
@@ -167,6 +168,8 @@ def open_job(job: dict) -> dict:
         with _stage(obs, "construct"):
             if not hasattr(module, "ModelNew"):
                 raise AttributeError("the candidate defines no ModelNew")
+            if given.get("seed") is not None:   # Model's construction seed (reference.open_job)
+                seed_everything(given["seed"])
             new = module.ModelNew(*given["init"])
             new.load_state_dict(given["state"], strict=True)
             new.to(device).train(given.get("mode", "train") == "train")

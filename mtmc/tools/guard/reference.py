@@ -208,7 +208,10 @@ def open_job(job: dict) -> dict:
     missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
     if missing:
         raise ValueError(f"the reference defines no {', '.join(missing)}")
-    seed_everything(fresh_seed())
+    # the candidate builds ModelNew under the same seed, as KernelBench's harness does: tensors a
+    # constructor draws outside the state_dict (an LSTM's h0 = torch.randn(...)) come out the same
+    build_seed = fresh_seed()
+    seed_everything(build_seed)
     init = list(module.get_init_inputs())
     with torch.device(device):   # parameters made where they are used
         model = module.Model(*init)
@@ -221,7 +224,7 @@ def open_job(job: dict) -> dict:
     clock.lap("float64 copy")
     max_elems = staged_cap(device, job.get("max_elems"), ipc_exports)
     clock.lap("ipc probe")
-    _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={},
+    _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={}, build_seed=build_seed,
                 max_elems=max_elems, time=bool(job.get("time")), eager_ms=None, trial=None)
     mode, notes, nonneg = _mode(model)
     clock.lap("mode probe")
@@ -240,7 +243,8 @@ def open_job(job: dict) -> dict:
 
 def state_job(job: dict) -> dict:
     state = {k: v.detach() for k, v in _RUN["model"].state_dict().items()}
-    return {"payload": share({"init": _RUN["init"], "state": state, "mode": _RUN["mode"]}, job["dir"], "state")}
+    return {"payload": share({"init": _RUN["init"], "state": state, "mode": _RUN["mode"],
+                                  "seed": _RUN["build_seed"]}, job["dir"], "state")}
 
 
 def _draw(variant: str):
