@@ -13,7 +13,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    --platform any -d "$tmp" "langgraph>=1.0,<2" "langgraph-checkpoint-sqlite>=2" "langchain-openai>=0.3"
+    --platform any -d "$tmp" "langgraph>=1.0,<2" "langgraph-checkpoint-sqlite>=2" "langchain-openai>=0.3" "einops>=0.7"
 for w in "$tmp"/*.whl; do
     name=$(basename "$w")
     grep -Eqi "$ON_IMAGE" <<<"$name" || cp "$w" .whl/

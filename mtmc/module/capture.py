@@ -280,6 +280,10 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
                 return False
             return qualname in leaves or super().is_leaf_module(m, qualname)
 
+        def trace(self, root, concrete_args=None):
+            with _factories_recorded():
+                return super().trace(root, concrete_args)
+
         @contextlib.contextmanager
         def untraced(self):
             """While shape_facts runs a submodule on fake tensors: plain calls, no proxies."""
@@ -306,12 +310,57 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
                     e.mtmc_path = self.path_of_module(m)
                 raise
 
-    t = Tracer()
+    t = Tracer(autowrap_modules=_opaque_libraries())
     if facts is not None:
         facts.quiet = t.untraced
     t.record_stack_traces = True  # each node's line in the user's file, for reports
     t.proxy_buffer_attributes = True  # self.mask[:, :, :T, :T] slices a buffer by a traced size
     return t
+
+
+# Tensor libraries whose functions check the tensor's type (einops: "Tensor type unknown to einops"
+# on an fx proxy): where the upload imported one, its functions are recorded as calls, like
+# math's, run by the library itself on fake tensors for shapes and in ModelNew (KernelBench's
+# Mamba2 tasks rearrange with einops).
+OPAQUE_LIBRARIES = ("einops",)
+
+
+def _opaque_libraries() -> tuple:
+    import math
+    return (math, *(sys.modules[name] for name in OPAQUE_LIBRARIES if name in sys.modules))
+
+
+# Factories take no tensor, so torch never shows fx a call with a traced size or device in it
+# (Mamba2's torch.ones(T, T, device=x.device)): the C++ argument parser refuses the proxy instead.
+# While tracing, a call to one of these with a proxy among its arguments is recorded as a node.
+FACTORIES = ("ones", "zeros", "full", "empty", "arange", "eye", "rand", "randn", "randint", "linspace")
+
+
+@contextlib.contextmanager
+def _factories_recorded():
+    import torch
+    import torch.fx as fx
+    from torch.utils._pytree import tree_leaves
+    python_dtypes = {bool: torch.bool, int: torch.int64, float: torch.get_default_dtype()}
+
+    def recording(fn):
+        def call(*args, **kwargs):
+            proxy = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, fx.Proxy)), None)
+            if proxy is None:
+                return fn(*args, **kwargs)
+            if kwargs.get("dtype") in python_dtypes:   # dtype=bool: a Python type is no graph argument
+                kwargs = {**kwargs, "dtype": python_dtypes[kwargs["dtype"]]}
+            return proxy.tracer.create_proxy("call_function", fn, args, kwargs)
+        return call
+
+    originals = {name: getattr(torch, name) for name in FACTORIES}
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, recording(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
 
 
 def _join(prefix: str, path: str) -> str:

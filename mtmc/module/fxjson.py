@@ -6,8 +6,9 @@ produced when the module ran (tensor shape and dtype, or a small Python value su
 The app rebuilds an fx.Graph from it (no module needed) to rewrite it and to let torch.fx write
 the new forward's code.
 
-Function targets travel as qualified names and are resolved only under torch, operator, math
-and builtins, so rebuilding a graph never imports anything the upload named.
+Function targets travel as qualified names and are resolved only under torch, operator, math,
+builtins and einops (an installed library, never the upload's own code), so rebuilding a graph
+never imports anything the upload wrote.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import torch
 import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
-# Roots a call_function target may be resolved under in the app's process.
-_ROOTS = ("torch", "operator", "_operator", "math", "builtins")
+# Roots a call_function target may be resolved under in the app's process: the standard library's
+# and the installed tensor libraries whose calls capture records whole (capture.OPAQUE_LIBRARIES).
+_ROOTS = ("torch", "operator", "_operator", "math", "builtins", "einops")
 
 
 class Unreproducible(ValueError):
@@ -114,8 +116,11 @@ def resolve_target(name: str):
             raise Unreproducible(f"function {name!r} is not a builtin")
         return getattr(builtins, name)
     if parts[0] not in _ROOTS:
-        raise Unreproducible(f"function {name} is outside torch, operator and math")
-    obj = importlib.import_module(parts[0])
+        raise Unreproducible(f"function {name} is outside torch, operator, math and einops")
+    try:
+        obj = importlib.import_module(parts[0])
+    except ImportError:
+        raise Unreproducible(f"function {name}: {parts[0]} is not installed here") from None
     for p in parts[1:]:
         if not hasattr(obj, p):
             raise Unreproducible(f"function {name} does not exist in this torch")
