@@ -143,10 +143,18 @@ def kill_tree(pid: int, wait_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def optimize_command(task: Task, new_path: Path, max_steps: int | None, target: str | None) -> list[str]:
+# optimize's own --time-budget, as a share of the runner's wall timeout: the rest covers the
+# interpreter's start and the margin, so a big network comes back checked instead of killed
+TIME_BUDGET_SHARE = 0.85
+
+
+def optimize_command(task: Task, new_path: Path, max_steps: int | None, target: str | None,
+                     timeout_s: float | None = None) -> list[str]:
     # --no-time: the evaluation below times ModelNew and the baselines itself (12-17 s a task saved)
     cmd = [sys.executable, "-m", "mtmc.commands.cli", "optimize", str(task.path), "--out", str(new_path), "--json",
            "--no-time"]
+    if timeout_s:
+        cmd += ["--time-budget", f"{TIME_BUDGET_SHARE * timeout_s:g}"]
     if max_steps is not None:
         cmd += ["--max-steps", str(max_steps)]
     if target:
@@ -372,7 +380,7 @@ def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
               "max_steps": opts.max_steps, "eval": None, "baselines": None}
     with tempfile.TemporaryDirectory(prefix="mtmc-kernelbench-") as tmp:
         new_path = Path(tmp) / task.path.name
-        cmd = optimize_command(task, new_path, opts.max_steps, opts.target)
+        cmd = optimize_command(task, new_path, opts.max_steps, opts.target, opts.timeout)
         scratch = Path(tmp) / "tmp"   # removed with tmp, whatever became of the run
         scratch.mkdir()
         record["optimize"] = run_optimize(cmd, Path(tmp) / "optimize.log", opts.timeout, scratch)

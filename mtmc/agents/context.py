@@ -18,6 +18,8 @@ class Context:
     compile_baseline: bool = True  # also time torch.compile (one compile per run); module groups skip it
     planner: str = "policy"       # "policy" (the learned one) or "baseline"; MTMC_PLANNER overrides it
     time_module: bool = True      # time ModelNew end to end after its check (the benchmark times it itself)
+    budget_s: float | None = None  # wall seconds for a whole module (optimize --time-budget; module_flow)
+    deadline: float | None = None  # time.time() after which the planner makes no more moves (from budget_s)
 
 
 def known_target(target: str) -> bool:

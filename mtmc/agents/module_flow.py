@@ -58,6 +58,9 @@ from mtmc.module.custom_groups import custom_groups
 from mtmc.module.fusion import LIBRARY_FAMILIES, Group, Partition, partition
 from mtmc.tools.hardware import resolve
 
+# A module's time budget (Context.budget_s) keeps this much, at least, for assemble, check and time.
+FINISH_RESERVE_S = 30.0
+FINISH_RESERVE_SHARE = 0.2
 MAX_CONCURRENT_GROUPS = 4   # groups whose loops run at once: the GPU times one draft at a time (tools.warm)
 
 
@@ -88,12 +91,14 @@ class ModuleState(TypedDict, total=False):
                                        # ops, why ([] once regroup found none; unset before it ran)
     check: dict                        # the whole-module check
     timing: dict | None                # ModelNew against eager and torch.compile (GPU)
+    deadline: float | None             # time.time() of the module's time budget's end (Context.budget_s)
     summary: dict                      # module.report.summary_json, with "report" and "message"
 
 
 class GroupTask(TypedDict):
     group: dict
     gpu: bool
+    deadline: float | None             # time.time() of the module's time budget's end (None: no budget)
 
 
 # -- nodes ------------------------------------------------------------------------------------
@@ -158,7 +163,7 @@ def _fan_out(state: ModuleState, then: str) -> list[Send] | str:
     todo = [g for g in first.values() if str(g["id"]) not in ran]
     if not todo:
         return then
-    return [Send("group", GroupTask(group=g, gpu=state["gpu"])) for g in todo]
+    return [Send("group", GroupTask(group=g, gpu=state["gpu"], deadline=state.get("deadline"))) for g in todo]
 
 
 def fan_out(state: ModuleState) -> list[Send] | str:
@@ -175,16 +180,30 @@ def kernel_graph():
     return compile_graph()
 
 
+def _moves_end(deadline: float | None, budget_s: float | None) -> float | None:
+    """When groups stop starting and planners stop moving: the budget's end less what assembling,
+    the module check and the timing still need (the check takes up to ~30 s at KernelBench size)."""
+    if deadline is None or not budget_s:
+        return None
+    return deadline - max(FINISH_RESERVE_S, FINISH_RESERVE_SHARE * budget_s)
+
+
 def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     """The kernel graph on one group's spec; its events go out tagged with the group's id."""
     from mtmc.agents.graph import recursion_limit
     g = Group.from_dict(task["group"])
     spec = KernelSpec.from_dict(g.spec)
     emit(E.GroupStart(group=g.id, ops=g.ops, description=describe(spec)))
+    stop_at = _moves_end(task.get("deadline"), runtime.context.budget_s)
+    if stop_at is not None and time.time() >= stop_at:
+        reason = (f"not optimized: the module's time budget ({runtime.context.budget_s:g} s) was spent before this "
+                  "group's turn; the rest is kept for the module check")
+        emit(E.GroupDone(group=g.id, status="fallback", reason=reason))
+        return {"outcomes": {str(g.id): {"status": "fallback", "reason": reason}}}
     if g.family == CUSTOM_FAMILY:
         return {"outcomes": {str(g.id): _custom_outcome(g, spec, task["gpu"], runtime.context)}}
     # torch.compile is compared once for the whole module (module_time), not per group
-    ctx = dataclasses.replace(runtime.context, out_path=None, compile_baseline=False)
+    ctx = dataclasses.replace(runtime.context, out_path=None, compile_baseline=False, deadline=stop_at)
     inputs = {"request": spec.request, "spec": g.spec, "initial_config": None, **FRESH_RUN}
     final: dict = {}
     for mode, chunk in kernel_graph().stream(inputs, config={"recursion_limit": recursion_limit(ctx)}, context=ctx,
@@ -436,7 +455,8 @@ def run_module(path: str, ctx: Context, out_path: str | None = None, report_path
                   "max_concurrency": MAX_CONCURRENT_GROUPS, "recursion_limit": 50}
         inputs = {"path": path, "out_path": out_path, "report_path": report_path,
                   "capture_timeout_s": capture_timeout_s, "memory_mb": memory_mb, "status": "running",
-                  "gpu": gpu_available() if ctx.use_gpu is None else ctx.use_gpu, "outcomes": {}}
+                  "gpu": gpu_available() if ctx.use_gpu is None else ctx.use_gpu, "outcomes": {},
+                  "deadline": time.time() + ctx.budget_s if ctx.budget_s else None}
         return stream_run(graph, inputs, config, ctx, on_event)
     finally:
         if own:

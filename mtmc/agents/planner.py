@@ -8,6 +8,7 @@ roofline baseline (policy.baseline) instead, for comparison.
 from __future__ import annotations
 
 import os
+import time
 
 from langgraph.runtime import Runtime
 
@@ -57,7 +58,9 @@ def plan(state: State, runtime: Runtime[Context]) -> dict:
     verdict = best.get("verdict") or {}
     measured = bool(verdict.get("measured"))
     moves = sum(1 for s in state.get("steps", []) if s.get("origin") == "planner")
-    common = dict(tried=set(state.get("tried", [])), measured=measured, steps_taken=moves, max_steps=ctx.max_steps,
+    out_of_time = ctx.deadline is not None and time.time() >= ctx.deadline   # a module's time budget
+    common = dict(tried=set(state.get("tried", [])), measured=measured, steps_taken=moves,
+                  max_steps=min(moves, ctx.max_steps) if out_of_time else ctx.max_steps,
                   stale_steps=state.get("stale_steps", 0), patience=ctx.patience)
     hw = resolve(ctx.target)
     if which_planner(ctx) == "baseline":
@@ -69,8 +72,10 @@ def plan(state: State, runtime: Runtime[Context]) -> dict:
                                   last_verdict=last_verdict(state),
                                   resources=resources_of(report) if isinstance(report, dict) else None)
     decision = decision.to_dict()
+    if out_of_time:
+        decision["reason"] = "the module's time budget is spent"
     calls: list = []
-    if ctx.llm is not None and _model_may_choose(decision, moves, ctx, state):
+    if ctx.llm is not None and not out_of_time and _model_may_choose(decision, moves, ctx, state):
         from mtmc.agents.llm_planner import choose
         decision = choose(ctx.llm, spec, best["config"], decision, best.get("time_ms") if measured else None,
                           None if ctx.target == "auto" else ctx.target, calls)

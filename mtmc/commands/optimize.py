@@ -66,7 +66,7 @@ def cmd_optimize(args) -> int:
     if not known_target(args.target):
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout,
-                  time_module=not args.no_time)
+                  time_module=not args.no_time, budget_s=args.time_budget)
     log = sys.stderr if args.json else sys.stdout
     print(isolation.status().line(), file=sys.stderr)
     summary = optimize_module(args.model, ctx, args.out, args.report, on_event=printer(log))
@@ -87,6 +87,9 @@ def register(sub) -> None:
     p.add_argument("--target", default="auto", help="GPU profile: h200, h100, a100, v100 (default: the present GPU, else h200)")
     p.add_argument("--max-steps", type=int, default=8, help="planner moves per fusion group after its first draft")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds for one verification or module check")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="wall seconds for the whole module: once too little is left for the module check, groups "
+                   "not started stay PyTorch and planners stop moving (a big network still comes back checked)")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     p.add_argument("--no-time", action="store_true",
                    help="skip the end-to-end timing of ModelNew against eager and torch.compile (for callers that time it)")
