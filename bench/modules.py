@@ -50,6 +50,7 @@ FULL_SIZE = {
     "layernorm_noweight.py": {"batch": 16, "seq": 512, "hidden": 4096},
     "softmax_dims.py": {"B": 32, "C": 64, "H": 128, "W": 128, "L": 16384},
     "where_forms.py": {"shape": (16, 2048, 2048)},
+    "ssd_einops.py": {"batch_size": 256, "seq_length": 256, "n_heads": 8, "d_head": 64, "block_len": 64},
     "torch_aliases.py": {"batch_size": 64, "size": 256},
     "tensor_constants.py": {"batch_size": 128, "size": 256},
     "handwritten_layernorm.py": {"batch": 16, "seq": 512, "hidden": 4096},

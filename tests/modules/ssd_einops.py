@@ -8,9 +8,9 @@ from einops import rearrange
 
 
 class Model(nn.Module):
-    def __init__(self, heads, length, block_len):
+    def __init__(self, heads, length, block_len, batch):
         super().__init__()
-        self.A = nn.Parameter(torch.randn(2, length, heads))
+        self.A = nn.Parameter(torch.randn(batch, length, heads))
         self.block_len = block_len
 
     def segsum(self, x):
@@ -27,9 +27,12 @@ class Model(nn.Module):
         return torch.einsum("bhcls,bcshp->bclhp", L, X_blocks)
 
 
+batch_size, seq_length, n_heads, d_head, block_len = 2, 12, 3, 5, 4
+
+
 def get_inputs():
-    return [torch.rand(2, 12, 3, 5)]
+    return [torch.rand(batch_size, seq_length, n_heads, d_head)]
 
 
 def get_init_inputs():
-    return [3, 12, 4]
+    return [n_heads, seq_length, block_len, batch_size]
