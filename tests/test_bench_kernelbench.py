@@ -100,7 +100,8 @@ def test_the_evaluation_job_judges_both_tolerances(tmp_path):
     assert len(set(off["seeds"])) == 4
     # off at 1e-4: which one is off from the float64 Model (L2 15 on the H100: Model's TF32 conv)
     assert off["float64"]["new"] == pytest.approx(1e-3, rel=1e-2) and off["float64"]["model"] < 1e-6
-    assert "float64" not in zeros
+    # off at 1e-2 too (L3 49 Mamba2 on the H100, where Model's own fp32 output misses float64 at 1e-2)
+    assert zeros["float64"]["new"] == pytest.approx(1.0) and zeros["float64"]["model"] < 1e-6
     note = kb.task_table([{**_rec("level2/15_x.py"), "eval": {"status": "ok", "float64": {"new": 2e-7, "model": 4.1e-4}}}])
     assert "against float64 Model: ModelNew 2.0e-07, Model 4.1e-04 of the largest value" in note[-1]
 

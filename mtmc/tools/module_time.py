@@ -183,7 +183,7 @@ def evaluate_files(task_path: str, new_path: str, device: str, trials: int = 3, 
     result = {"device": device, "seeds": seeds, "trials": checks, "correct": correct,
               "max_abs_err": max(c["max_abs_err"] for c in checks), "max_rel_err": max(c["max_rel_err"] for c in checks),
               "new_ms": None, "timing": "not measured (no GPU)" if device != "cuda" else "not measured (incorrect at 1e-2)"}
-    if correct["1e-2"] and not correct["1e-4"]:
+    if not correct["1e-4"]:   # at 1e-2 too: Mamba2's values reach 1e14, and Model itself is off float64 there
         result["float64"] = float64_errors(task, model, new, device, seeds[1])
     inputs = make_inputs(task, device, seeds[1])
     if timed and device == "cuda" and correct["1e-2"]:
@@ -196,8 +196,10 @@ def evaluate_files(task_path: str, new_path: str, device: str, trials: int = 3, 
 
 
 def float64_errors(task, model, new, device: str, seed: int) -> dict:
-    """Which of the two is off where ModelNew and Model differ beyond 1e-4: each one's relative
-    error against Model run in float64 on the same inputs.  cuDNN runs most fp32 convs in TF32
+    """Which of the two is off where ModelNew and Model differ beyond 1e-4 (or 1e-2): each one's
+    relative error against Model run in float64 on the same inputs.  L3 49 (Mamba2: exp of
+    cumsums, values to 1e14) failed 1e-2 against Model on the H100 while Model's own fp32 output
+    is not within 1e-2 of its float64 one either.  cuDNN runs most fp32 convs in TF32
     by default (about 3e-4 of the largest value), our conv kernels keep fp32 accuracy (about
     1e-7): L2 15 on the H100 failed 1e-4 against Model's own fp32 output that way.  {"error": why}
     where float64 cannot be run (memory, an op without a float64 kernel)."""
