@@ -318,15 +318,13 @@ def _tracer(leaves: set[str], expand: frozenset = frozenset(), facts=None):
     return t
 
 
-# Tensor libraries whose functions check the tensor's type (einops: "Tensor type unknown to einops"
-# on an fx proxy): where the upload imported one, its functions are recorded as calls, like
-# math's, run by the library itself on fake tensors for shapes and in ModelNew (KernelBench's
-# Mamba2 tasks rearrange with einops).
-OPAQUE_LIBRARIES = ("einops",)
-
-
 def _opaque_libraries() -> tuple:
+    """fxjson.OPAQUE_LIBRARIES the upload imported (einops: "Tensor type unknown to einops" on an fx
+    proxy): their functions are recorded as calls, like math's, run by the library itself on fake
+    tensors for shapes and in ModelNew (KernelBench's Mamba2 tasks rearrange with einops)."""
     import math
+
+    from mtmc.module.fxjson import OPAQUE_LIBRARIES
     return (math, *(sys.modules[name] for name in OPAQUE_LIBRARIES if name in sys.modules))
 
 

@@ -20,9 +20,11 @@ import torch
 import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
-# Roots a call_function target may be resolved under in the app's process: the standard library's
-# and the installed tensor libraries whose calls capture records whole (capture.OPAQUE_LIBRARIES).
-_ROOTS = ("torch", "operator", "_operator", "math", "builtins", "einops")
+# Installed tensor libraries whose calls capture records whole (their functions check the tensor's
+# type, so fx's proxy cannot go through them; capture._opaque_libraries).
+OPAQUE_LIBRARIES = ("einops",)
+# Roots a call_function target may be resolved under in the app's process.
+_ROOTS = ("torch", "operator", "_operator", "math", "builtins", *OPAQUE_LIBRARIES)
 
 
 class Unreproducible(ValueError):
