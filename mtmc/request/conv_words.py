@@ -77,6 +77,7 @@ def read_conv(ctx: _Ctx) -> None:
         return
     conv: dict = {"rank": None, "transposed": False, "depthwise": False, "pointwise": False}
     ctx.conv = conv
+    read_length(ctx)
     read_padding_mode(ctx, conv)
     for key, patterns in _WORDS.items():
         for pattern in patterns:
@@ -134,16 +135,41 @@ def _per_dim(value, r: int, what: str, default):
     return value
 
 
-def spatial_input(ctx: _Ctx, r: int | None, what: str, example: str, hint: str) -> tuple[list[int], int]:
+_LENGTH = rf"\b(?:input[\s_-]+|sequence[\s_-]+|signal[\s_-]+|spatial[\s_-]+)?length{_EQ}(?P<v>{_N})"
+
+
+def read_length(ctx: _Ctx) -> None:
+    """A 1d input's length said in words ("length 1024"), kept for spatial_input; read by the conv
+    and pool phases only, so "a vector of length N" stays a shape elsewhere."""
+    for m in ctx.take(_LENGTH):
+        if getattr(ctx, "spatial_length", None) not in (None, ctx.to_int(m.group("v"))):
+            raise _Fail("I found two different input lengths; give it once.")
+        ctx.spatial_length = ctx.to_int(m.group("v"))
+        ctx.note("context", m.group(0).strip())
+
+
+def spatial_input(ctx: _Ctx, r: int | None, what: str, example: str, hint: str,
+                  channels: int | None = None) -> tuple[list[int], int]:
     """The one N x C x spatial input shape of a conv or pool request, and its rank (from the shape's
-    length when the words gave none); `what` names the op in messages ("conv", "pool")."""
+    length when the words gave none); `what` names the op in messages ("conv", "pool").  The shape
+    may also come in words: the batch, the channels (`channels`, or "C channels") and the spatial
+    sizes ("length 1024", or a shape of the rank's length)."""
     shapes = sorted(ctx.shapes, key=len, reverse=True)
+    length = getattr(ctx, "spatial_length", None)
+    if length is not None:
+        if r not in (None, 1) or (shapes and shapes != [[length]]):
+            raise _Fail(f"I found a length ({length}) beside the input's shape; give one of them.")
+        shapes, r = [[length]], 1
     if not shapes:
         raise _Fail(f"a {what} needs its input's shape: give it as N x C x H x W (e.g. {example}; "
                     "N x C x L for 1d, N x C x D x H x W for 3d).")
     x = shapes[0]
+    channels = channels if channels is not None else ctx.sizes.get("channels")
     if "batch" in ctx.sizes and r is not None and len(x) == r + 1:
         x = [ctx.sizes["batch"], *x]
+        _use(ctx, "batch")
+    elif "batch" in ctx.sizes and channels is not None and r is not None and len(x) == r:   # sizes in words
+        x = [ctx.sizes["batch"], channels, *x]
         _use(ctx, "batch")
     if r is None:
         r = len(x) - 2
@@ -154,6 +180,14 @@ def spatial_input(ctx: _Ctx, r: int | None, what: str, example: str, hint: str) 
         raise _Fail(f"I found several shapes ({', '.join(map(_x, ctx.shapes))}); a {what} takes one input shape "
                     f"({hint}).")
     return x, r
+
+
+def channels_agree(ctx: _Ctx, x: list[int], what: str) -> None:
+    """'C channels' said beside an N x C x ... input must be its C (a pool's, a channel norm's)."""
+    said = ctx.sizes.get("channels")
+    if said is not None and said != x[1]:
+        raise _Fail(f"the input {_x(x)} has {x[1]} channels, but the request says {said}.")
+    _use(ctx, "channels")
 
 
 def epilogue_after(ctx: _Ctx, what: str) -> list[dict]:
@@ -185,10 +219,18 @@ def build_conv(ctx: _Ctx, op: str) -> object:
     conv = getattr(ctx, "conv", {})
     _values(ctx, "conv")
     _bare_kernel(ctx, conv)
-    x, r = spatial_input(ctx, conv.get("rank"), "conv", "16x64x56x56", "give the kernel as 'kernel 3x3' or '3x3 conv'")
+    x, r = spatial_input(ctx, conv.get("rank"), "conv", "16x64x56x56", "give the kernel as 'kernel 3x3' or '3x3 conv'",
+                         channels=conv.get("in"))
     c_in = x[1]
     if conv.get("in") not in (None, c_in):
         raise _Fail(f"the input {_x(x)} has {c_in} channels, but the request says {conv['in']} input channels.")
+    said = ctx.sizes.get("channels")   # "a depthwise conv with 32 channels": C, or else the output's
+    _use(ctx, "channels")
+    if said is not None and said != c_in:
+        if conv["depthwise"] or conv.get("out") not in (None, said):
+            raise _Fail(f"the input {_x(x)} has {c_in} channels, but the request says {said} channels.")
+        conv["out"] = said
+        ctx.assume(f"'{said} channels' read as the output channels (the input has {c_in})")
     if conv["depthwise"]:
         if conv.get("groups") not in (None, c_in):
             raise _Fail(f"a depthwise conv has one group per channel ({c_in}), not {conv['groups']}.")

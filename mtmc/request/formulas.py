@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from mtmc.kernels import pointwise
-from mtmc.request.reading import DEFAULT_LEAKY_SLOPE, VARS, _Ctx, _Fail, _Item, _rx, _vocabulary
+from mtmc.request.reading import DEFAULT_LEAKY_SLOPE, MATMUL_WORDS, VARS, _Ctx, _Fail, _Item, _rx, _vocabulary
 
 
 # -- phase 4: formulas ("relu(x + y)", "x @ W^T + b") ----------------------------------------
@@ -215,12 +215,15 @@ def _tokens(text: str) -> list[tuple[str, str, int, int]]:
 def _read_formulas(ctx: _Ctx) -> None:
     toks = _tokens(ctx.s)
     parser = _FormulaParser(toks)
+    matmul_said = bool(_rx(rf"\b{MATMUL_WORDS}\b").search(ctx.s))
     i = 0
     while i < len(toks):
         try:
             node = _resolve(parser.parse_at(i))
         except _NoFormula:
             node = None
+        if node is not None and matmul_said:
+            node = _star_as_matmul(node)
         if node is None or not _is_formula(node):
             i += 1
             continue
@@ -229,6 +232,24 @@ def _read_formulas(ctx: _Ctx) -> None:
         ctx.note("formula", ctx.norm[start:end])
         _formula_items(ctx, node, start, end)
         i = parser.i
+
+
+def _star_as_matmul(node):
+    """"C = A * B ... (matrix multiplication)": where the request names a matrix product and its
+    formula has no @, a * between two tensor names is that product, not an elementwise mul."""
+    def names(n) -> bool:
+        return n[0] == "name" and n[1] not in _CONSTANTS or (n[0] == "T" and names(n[1]))
+
+    def has_at(n) -> bool:
+        return (n[0] == "bin" and n[1] == "@") or any(has_at(c) for c in _children(n))
+
+    def swap(n):
+        if n[0] == "bin" and n[1] == "*" and names(n[2]) and names(n[3]):
+            return ("bin", "@", n[2], n[3])
+        if n[0] == "bin":
+            return ("bin", n[1], swap(n[2]), swap(n[3]))
+        return n
+    return node if has_at(node) else swap(node)
 
 
 def _formula_items(ctx: _Ctx, node, start: int, end: int) -> None:

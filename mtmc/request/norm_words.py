@@ -21,6 +21,7 @@ from mtmc.kernels.families.norm import FAMILY
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.phrases import _AFFINE, _NO_AFFINE
 from mtmc.request.build import _around_core, _dtype, _row_spec, _steps, _values, _x
+from mtmc.request.conv_words import channels_agree
 from mtmc.request.reading import _Ctx, _Fail, _Item
 
 _OPS = [  # (pattern, op); specific before general
@@ -94,6 +95,7 @@ def build_norm(ctx: _Ctx, op: str) -> KernelSpec:
     if len(shapes) > 1:
         raise _Fail(f"I found several shapes ({', '.join(map(_x, ctx.shapes))}); a {op} takes one input.")
     x = shapes[0]
+    channels_agree(ctx, x, op)
     if op == "instancenorm" and len(x) < 3:
         raise _Fail(f"an instance norm needs spatial sizes after N x C; {_x(x)} has none.")
     if post:

@@ -29,6 +29,9 @@ _AFFINE = (r"\bwith\s+(?:an?\s+|the\s+)?(?:learn\w+\s+)?(?:weights?|gamma|scale)
            r"(?:\s+and\s+(?:a\s+)?(?:bias|beta|shift))?\b(?!\s*(?:of|=|:|by)?\s*[-+\d.])"
            r"|\bwith\s+(?:an?\s+)?bias\b|\b(?:elementwise_)?affine(?:\s*=\s*true)?\b|\bgamma(?:\s+and\s+beta)?\b")
 _NORM_WORD = r"\b(?:layer|rms)[\s_-]*norm"
+_NORMALIZE_WORD = r"\b(?:l[12]|frobenius)[\s_-]*norm"
+_DIVIDE_BY_NORM = (r"\b(?:and\s+|then\s+)?divid\w*\s+(?:the\s+|each\s+)?(?:rows?|x|vectors?|it|them|inputs?|elements?"
+                   r"|tensor|matrix)\s+by\s+(?:it|that|its\s+(?:l[12][\s_-]*)?norm|the\s+(?:l[12][\s_-]*)?norm)\b")
 _CLAMP_VERB = r"\b(?:clamp|clip)(?:ed|ping|s)?(?:\s+(?:it|x|the\s+\w+|values?))?"
 _CLAMPS = [  # (pattern, which bounds its groups a/b give)
     (rf"{_CLAMP_VERB}\s+(?:to|between|in|within|into|at)?\s*(?:the\s+range\s+)?[\[(]?\s*(?P<a>{NUM})"
@@ -52,6 +55,9 @@ def _read_context(ctx: _Ctx) -> None:
     for m in ctx.take(_NEGATION):
         ctx.flags.add("no_" + (m.group("what") or m.group("what2")))
         ctx.note("context", m.group(0).strip())
+    if _rx(_NORMALIZE_WORD).search(ctx.s):   # "the L2 norm of each row ... and divide the row by it"
+        for m in ctx.take(_DIVIDE_BY_NORM):
+            ctx.note("context", m.group(0).strip() + " (the normalization itself)")
     if _rx(_NORM_WORD).search(ctx.s):
         for m in ctx.take(_NO_AFFINE):
             ctx.flags.add("no_affine")
@@ -168,10 +174,13 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
     (rf"\b(?:width|row[\s_-]*(?:length|size|width)|hidden(?:[\s_-]*(?:size|dim\w*))?|d[\s_-]*model"
      rf"|embed\w*[\s_-]*(?:size|dim\w*)|feature[\s_-]*(?:size|dim\w*)|last[\s_-]*dim\w*|cols|columns"
      rf"|num[\s_]*cols|n[\s_]*cols|vocab\w*(?:[\s_-]*size)?)\s*(?:of|=|:|is)?\s*({INT})", ("cols",)),
-    (rf"({INT})\s+(?:columns|cols|features|channels|hidden)\b", ("cols",)),
+    (rf"({INT})\s+(?:columns|cols|features|hidden)\b", ("cols",)),
+    # a conv's, pool's or channel norm's C ("with 32 channels"); the families without one refuse it
+    (rf"({INT})\s+(?:channels|feature[\s_-]*maps)\b|\b(?:num[\s_-]*)?channels\s*(?:=|:|of|is)\s*({INT})", ("channels",)),
     (rf"({INT})[\s-]+wide\b", ("cols",)),
 ]
 _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+)?({INT})",
+            rf"(?<=vectors\s)of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",   # "two vectors of length N": the noun stays
             rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
             rf"(?<![\w.])({INT})[\s-]*(?:(?:element|long|dim(?:ensional)?)[\s-]+)?vector\b",
             rf"({INT})[\s-]+(?:(?:random|input|contiguous)[\s-]+)?(?:elements?|values|numbers|entries|floats)\b"
@@ -190,7 +199,7 @@ def _read_sizes(ctx: _Ctx) -> None:
             ctx.size(dim.upper(), ctx.to_int(m.group("v")))
     for pattern, keys in _SIZE_WORDS:
         for m in ctx.take(pattern):
-            for key, token in zip(keys, m.groups()):
+            for key, token in zip(keys, [t for t in m.groups() if t is not None]):  # alternatives leave None
                 ctx.size(key, ctx.to_int(token))
     for m in ctx.take(_BY_SHAPE):
         _add_shape(ctx, m, re.split(r"\s+by\s+", m.group(0)))

@@ -18,7 +18,8 @@ from __future__ import annotations
 from mtmc.kernels.families.pool import FAMILY, pool_spec
 from mtmc.request.build import _dtype, _values
 from mtmc.request.conv_words import (
-    _EQ, _N, _SIZES, _WORDS as _CONV_WORDS, _ints, _per_dim, _take_group, epilogue_after, spatial_input,
+    _EQ, _N, _SIZES, _WORDS as _CONV_WORDS, _ints, _per_dim, _take_group, channels_agree, epilogue_after,
+    read_length, spatial_input,
 )
 from mtmc.request.reading import _Ctx, _Fail, _Item, _rx
 
@@ -53,6 +54,7 @@ def read_pool(ctx: _Ctx) -> None:
         return
     pool: dict = {}
     ctx.pool = pool
+    read_length(ctx)
     for key, (pattern, value) in _FLAGS.items():
         for m in ctx.take(pattern):
             pool[key] = value
@@ -88,6 +90,7 @@ def build_pool(ctx: _Ctx, op: str) -> object:
     pool = getattr(ctx, "pool", {})
     _values(ctx, "pool")
     x, r = spatial_input(ctx, pool.get("rank"), "pool", "16x64x112x112", "give the window as 'kernel 3x3' or '3x3 max pool'")
+    channels_agree(ctx, x, "pool")
     epilogue = epilogue_after(ctx, "pool")
     kind, adaptive = pool["kind"], pool["adaptive"] or pool.get("output") is not None
     op = f"{'adaptive_' if adaptive else ''}{kind}_pool{r}d"

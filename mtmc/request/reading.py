@@ -207,9 +207,12 @@ class _Ctx:
 
 _SUFFIX = {"k": (1024, "1024"), "m": (1024 * 1024, "2^20")}   # binary, like the k every kernel author means
 
+MATMUL_WORDS = r"(?:matmul|mat[\s_-]mul|gemm|[shd]gemm|mm|matrix[\s_-]*(?:multipl\w*|products?|mult))"
+
 _SIZE_NAMES = {"rows": "the number of rows", "cols": "the row width", "batch": "the batch size",
                "seq": "the sequence length", "in_features": "the input features",
-               "out_features": "the output features", "M": "M", "N": "N", "K": "K", "B": "B"}
+               "out_features": "the output features", "channels": "the number of channels",
+               "M": "M", "N": "N", "K": "K", "B": "B"}
 
 def _vocabulary() -> str:
     return ", ".join([*pointwise.UNARY, *pointwise.SCALAR, *pointwise.BINARY, *pointwise.VECTOR])

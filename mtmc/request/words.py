@@ -9,6 +9,7 @@ from mtmc.kernels import pointwise
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.phrases import _XSHAPE
 from mtmc.request.reading import (
+    MATMUL_WORDS,
     DEFAULT_LEAKY_SLOPE, NUM, _AFTER, _BOUNDARY, _Ctx, _Fail, _Item, _SEQ, _number, _rx, _vocabulary,
 )
 
@@ -41,7 +42,7 @@ _UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine
 _LAYOUT_NK = (r"\btranspos\w*\s+(?:the\s+)?(?:weight|w|b|rhs|second\s+(?:matrix|operand))\b"
               r"|\b(?:weight|w|b|rhs)\s+(?:is\s+|stored\s+)?transposed\b|\bnk\s+layout\b"
               r"|\bb_layout\s*=?\s*['\"]?nk['\"]?")
-_MATMUL_WORDS = r"(?:matmul|mat[\s_-]mul|gemm|[shd]gemm|mm|matrix[\s_-]*(?:multipl\w*|products?|mult))"
+_MATMUL_WORDS = MATMUL_WORDS
 _CORES = [  # (pattern, family, op); specific before general ("log softmax" is not also "softmax")
     (r"\blog[\s_-]*soft[\s_-]?max\b|\blogsoftmax\b", "softmax", "log_softmax"),
     (r"\bsoft[\s_-]?max\b", "softmax", "softmax"),
@@ -79,9 +80,9 @@ _VALUE_WORDS = [  # family parameters given in words
     (rf"\btemperature\s*(?:of|=|:|is)?\s*(?P<v>{NUM})", "temperature"),
 ]
 _PAIR = (r"(?:(?:the\s+)?(?:two|2|a\s+pair\s+of|both)\s+(?:[\w-]+\s+)?"
-         r"(?:tensors|matrices|arrays|inputs|operands)\b)")
+         r"(?:tensors|matrices|arrays|vectors|inputs|operands)\b)")
 _OTHER = (r"(?:(?:(?:an?|the)\s+)?(?:another|other|second|2nd)\s+(?:[\w-]+\s+)?"
-          r"(?:tensor|input|matrix|array|operand)\b|\by\b)")
+          r"(?:tensor|input|matrix|array|vector|operand)\b|\by\b)")
 _BINARY_VERBS = {
     "add": r"add|adds|adding|addition|sum|plus",
     "sub": r"subtract|subtracts|subtracting|subtraction|sub|minus|difference",
@@ -177,10 +178,26 @@ def _read_matrix_product(ctx: _Ctx) -> None:
     _read_shape_product(ctx, elementwise)
     if elementwise:
         return
-    if not _rx(r"\bmatri(?:x|ces)\b").search(ctx.s):
+    if not (_rx(r"\bmatri(?:x|ces)\b").search(ctx.s) or _two_matrices(ctx)):
+        if len(ctx.shapes) == 2 and ctx.shapes[0] == ctx.shapes[1] and len(ctx.shapes[0]) == 2 \
+                and ctx.shapes[0][0] == ctx.shapes[0][1] and _rx(_MULTIPLY).search(ctx.s) \
+                and not _rx(_binary_pattern(_BINARY_VERBS["mul"])).search(ctx.s):
+            shape = "x".join(map(str, ctx.shapes[0]))
+            raise _Fail(f"two {shape} matrices multiplied could be either product: say 'elementwise' for the "
+                        "elementwise one or 'matrix product' for the matmul.")
         return
     for m in ctx.take(_MULTIPLY):
         ctx.add_core(m, "matmul", "matmul")
+
+
+def _two_matrices(ctx: _Ctx) -> bool:
+    """Exactly two 2-d shapes of different sizes whose inner dims agree as a matrix product (as
+    [M, K] [K, N], or [M, K] [N, K] when B is said transposed): "multiply A (1024x4096) by B
+    (4096x2048)" names a matmul though it never says "matrix".  Equal shapes stay elementwise."""
+    if len(ctx.shapes) != 2 or any(len(s) != 2 for s in ctx.shapes):
+        return False
+    a, b = ctx.shapes
+    return a != b and a[1] == (b[1] if "nk" in ctx.flags else b[0])
 
 
 _SHAPE_TIMES = (rf"(?P<a>{_XSHAPE})\s+(?P<v>times|multiplied\s+(?:by|with)|@|matmul(?:ed)?\s+(?:by|with))"

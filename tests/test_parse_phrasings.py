@@ -1,0 +1,92 @@
+"""Phrasings a user wrote that the words parser refused or misread (each failed before its fix):
+channel counts said beside a shape, a 1d input's length in words, matrix products without the
+word "matrix", `A * B` beside "matrix multiplication", plural vectors, "divide the row by it"."""
+import pytest
+
+from mtmc.request.parse import parse_request
+
+
+def spec_of(text):
+    res = parse_request(text)
+    assert res.ok, res.message
+    return res.spec
+
+
+def test_depthwise_conv_with_its_channel_count():
+    s = spec_of("a depthwise 3x3 convolution with 32 channels on 8x32x64x64 half input, padding 1")
+    assert (s.op, s.dtype, s.params["groups"]) == ("conv2d", "float16", 32)
+    assert s.dims["C_in"] == 32 and s.dims["C_out"] == 32
+
+
+def test_plain_conv_channels_other_than_the_inputs_are_its_outputs():
+    res = parse_request("a 3x3 conv with 128 channels on a 8x64x32x32 tensor")
+    assert res.ok, res.message
+    assert res.spec.dims["C_out"] == 128
+    assert any("output channels" in a for a in res.assumptions)
+
+
+def test_depthwise_conv_with_other_channels_is_refused_with_both_counts():
+    res = parse_request("depthwise 3x3 conv with 16 channels on 8x32x64x64")
+    assert not res.ok and "32 channels" in res.message and "16" in res.message
+
+
+def test_conv1d_input_from_batch_channels_and_length_words():
+    s = spec_of("a 1d convolution: 16 batch, 32 in channels, 64 out channels, length 1024, kernel size 5")
+    assert s.op == "conv1d"
+    assert (s.dims["N"], s.dims["C_in"], s.dims["C_out"], s.dims["L"]) == (16, 32, 64, 1024)
+
+
+@pytest.mark.parametrize("text,op", [
+    ("batch norm (training) over 64 channels, input 32x64x28x28", "batchnorm"),
+    ("group norm with 8 groups and 64 channels on a 16x64x32x32 tensor", "groupnorm"),
+])
+def test_channel_norm_with_its_channel_count(text, op):
+    s = spec_of(text)
+    assert s.op == op and s.dims["C"] == 64
+
+
+def test_channel_count_that_disagrees_with_the_shape_is_refused():
+    res = parse_request("batch norm over 32 channels, input 8x64x28x28")
+    assert not res.ok and "64 channels" in res.message
+
+
+def test_max_pool_1d_from_length_words():
+    s = spec_of("max pool 1d, window 4, batch 8, 16 channels, length 4096")
+    assert s.family == "pool" and s.op == "max_pool1d"
+
+
+@pytest.mark.parametrize("text,layout", [
+    ("multiply A (1024x4096) by B transposed (B is 2048x4096), fp32", "nk"),
+    ("multiply A of shape 1024x4096 with B of shape 4096x2048", "kn"),
+    ("A times B, A is 512x256 and B is 256x1024, fp16", "kn"),
+])
+def test_product_of_two_matrices_without_the_word_matrix(text, layout):
+    s = spec_of(text)
+    assert s.family == "matmul" and s.params.get("b_layout", "kn") == layout
+    assert not s.params.get("epilogue")
+
+
+@pytest.mark.parametrize("text", [
+    "C = A * B for A 256x512 and B 512x128 (matrix multiplication)",
+    "y = x * w where x is 128x256 and w is 256x64, a matmul",
+])
+def test_star_beside_matrix_multiplication_is_the_product_not_an_epilogue(text):
+    s = spec_of(text)
+    assert s.family == "matmul" and not s.params.get("epilogue"), s.params
+
+
+def test_equal_square_shapes_multiplied_ask_which_product():
+    res = parse_request("multiply A of shape 64x64 with B of shape 64x64")
+    assert not res.ok and "elementwise" in res.message and "matrix product" in res.message
+    assert spec_of("elementwise multiply A of shape 64x64 with B of shape 64x64").family == "elementwise"
+    assert spec_of("matrix multiply A of shape 64x64 with B of shape 64x64").family == "matmul"
+
+
+def test_plural_vectors_of_length():
+    s = spec_of("add two vectors of length 1048576")
+    assert s.family == "elementwise" and s.dims["N"] == 1048576 and s.params["chain"][0]["op"] == "add"
+
+
+def test_norm_then_divide_by_it_is_the_normalization():
+    s = spec_of("compute the L2 norm of each row of a 4096x768 matrix and divide the row by it")
+    assert (s.family, s.op, s.dims["N"]) == ("norm", "l2norm", 768)
