@@ -90,3 +90,27 @@ def test_plural_vectors_of_length():
 def test_norm_then_divide_by_it_is_the_normalization():
     s = spec_of("compute the L2 norm of each row of a 4096x768 matrix and divide the row by it")
     assert (s.family, s.op, s.dims["N"]) == ("norm", "l2norm", 768)
+
+
+@pytest.mark.parametrize("text,op,n", [
+    ("column-wise softmax of a 2048 x 2048 matrix in half precision", "softmax", 2048),
+    ("the maximum of each column of 4096x128", "max", 4096),
+])
+def test_each_column_of_a_matrix_is_dim_0(text, op, n):
+    res = parse_request(text)
+    assert res.ok, res.message
+    assert res.spec.op == op and res.spec.dims["N"] == n   # the reduced dim is the rows' count
+    assert any("dim 0" in a for a in res.assumptions)
+
+
+def test_each_column_of_a_3d_tensor_asks_for_a_number():
+    res = parse_request("max of each column of a 8x4096x128 tensor")
+    assert not res.ok and "dim" in res.message and "number" in res.message
+
+
+def test_attention_words_dropout_free_and_tokens_as_the_sequence():
+    s = spec_of("apply dropout-free attention: q k v are 2x8x256x64, no mask, fp16")
+    assert s.family == "attention"
+    res = parse_request("causal self-attention with 32 heads of dim 128 over 2048 tokens, batch 1, bf16")
+    assert res.ok, res.message
+    assert [res.spec.dims[k] for k in ("B", "H", "L", "E")] == [1, 32, 2048, 128]

@@ -48,7 +48,7 @@ def read_attention(ctx: _Ctx) -> None:
         return
     att: dict = {"mask": None}
     ctx.attention = att
-    for m in ctx.take(rf"\b(?:no|without)\s+dropout\b|\bdropout{_EQ}0(?:\.0*)?(?![\d.])"):
+    for m in ctx.take(rf"\b(?:no|without)\s+dropout\b|\bdropout[\s_-]*free\b|\bdropout{_EQ}0(?:\.0*)?(?![\d.])"):
         ctx.note("attention", m.group(0).strip())
     if ctx.take(rf"\bdropout(?:[\s_-]*(?:p|prob\w*|rate))?{_EQ}{NUM}|\b{NUM}\s+dropout\b"):
         raise _Fail("attention dropout is random; the kernel computes dropout 0 only (inference).")
@@ -80,6 +80,9 @@ def read_attention(ctx: _Ctx) -> None:
 
 def _from_words(ctx: _Ctx, att: dict) -> list[int]:
     """[B, H, L, E] from batch, heads, sequence length, head dim (or model dim / heads)."""
+    if "seq" not in ctx.sizes and "rows" in ctx.sizes and "batch" in ctx.sizes:   # "over 2048 tokens, batch 4"
+        ctx.size("seq", ctx.sizes.pop("rows"))
+        ctx.assume(f"{ctx.sizes['seq']} tokens read as the sequence length of each batch item")
     missing = [w for k, w in (("batch", "the batch"), ("seq", "the sequence length")) if k not in ctx.sizes]
     if att.get("heads") is None:
         missing.append("the number of heads")

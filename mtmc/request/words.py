@@ -254,10 +254,12 @@ def _read_numeric_steps(ctx: _Ctx) -> None:
 _LAST_AXIS = (r"\b(?:row[\s_-]*wise|per[\s_-]+row|(?:each|every)\s+row"
               r"|(?:over|along|across|for)\s+(?:the\s+|each\s+)?rows"
               r"|(?:over|along|across)\s+(?:the\s+)?(?:last|final|inner(?:most)?)\s+(?:dim\w*|axis))\b")
-_OTHER_AXES = [  # (pattern, how the message names that axis); all refused by _check_axis
-    (r"\b(?:column[\s_-]*wise|per[\s_-]+column|(?:each|every)\s+column|(?:over|along|across|down)\s+"
-     r"(?:the\s+)?columns?|(?:over|along|across)\s+(?:the\s+)?(?:first|leading|outer)\s+(?:dim\w*|axis))\b",
-     "the columns"),
+_OTHER_AXES = [  # (pattern, the axis: a dim, or words symbolic_axis resolves or _check_axis refuses)
+    # each column of a matrix: dim 0 (symbolic_axis; other ranks are asked for a number)
+    (r"\b(?:column[\s_-]*wise|per[\s_-]+column|(?:each|every)\s+column|down\s+(?:the\s+)?columns?)\b", "columns"),
+    # "across the columns" reads both ways (each row across its columns, or each column): refused
+    (r"\b(?:over|along|across)\s+(?:the\s+)?columns?\b", "the columns"),
+    (r"\b(?:over|along|across)\s+(?:the\s+)?(?:first|leading|outer)\s+(?:dim\w*|axis)\b", 0),
     (r"\b(?:last|final|first)\s+(?:two|three|four|[2-9])\s+(?:dim\w*|axes)\b", "several dims"),  # not after "over"
     (r"\b(?:all\s+(?:the\s+)?(?:elements|dims|dimensions|axes|values)"
      r"|(?:the\s+)?(?:whole|entire)\s+(?:tensor|matrix|array)"
@@ -308,7 +310,7 @@ def _read_axis(ctx: _Ctx) -> None:
         ctx.understood["axis"] = ctx.reduce_dim
 
 
-SYMBOLIC_AXES = ("middle", "spatial")   # and "last K" / "first K": resolved by symbolic_axis
+SYMBOLIC_AXES = ("middle", "spatial", "columns")   # and "last K" / "first K": resolved by symbolic_axis
 
 
 def is_symbolic(d) -> bool:
@@ -326,6 +328,11 @@ def symbolic_axis(ctx: _Ctx, ndim: int):
         if ndim != 3:
             raise _Fail(f"'the middle dim' of a {ndim}-d tensor is ambiguous; name it by number (e.g. 'over dim 1').")
         return 1
+    if d == "columns":
+        if ndim != 2:
+            raise _Fail(f"'the columns' of a {ndim}-d tensor is ambiguous; name the dim by number (e.g. 'over dim 0').")
+        ctx.assume("'the columns' read as dim 0 (each column, down its rows); say 'each row' for the last dim")
+        return 0
     if d == "spatial":
         if ndim < 3:
             raise _Fail(f"a {ndim}-d tensor has no spatial dims (they follow batch and channels: N, C, H, W).")
