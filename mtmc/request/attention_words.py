@@ -73,6 +73,10 @@ def read_attention(ctx: _Ctx) -> None:
             att["mask"] = kind
             ctx.note("attention", m.group(0).strip())
     found = ctx.take(_ATTENTION)
+    if not found:   # its word sits in a call on tensors the formula phase reads (one with a tensor mask)
+        raise _Fail("I cannot read that attention call in full; say it in words, e.g. 'causal attention, batch 8, "
+                    "16 heads, sequence length 2048, head dim 64', and a mask as 'with a boolean mask' or 'with "
+                    "an additive mask'.")
     ctx.take(r"\bq\s*,\s*k\s*(?:,|and)\s*v\b|\bquer(?:y|ies)\s*,\s*keys?\s*(?:,|and)\s*values?\b|\bk\s*/\s*v\b")
     ctx.items.append(_Item(found[0].start(), found[0].end(), found[0].group(0).strip(), family="attention", op="sdpa"))
     ctx.note("ops", f"{found[0].group(0).strip()!r} -> attention")

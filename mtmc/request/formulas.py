@@ -42,6 +42,7 @@ _UNSUPPORTED_FUNCS = {"log1p", "log2", "sin", "cos", "tan", "floor", "ceil", "ro
 _KNOWN_FUNCS = (set(_UNARY_FUNCS) | set(_VALUE_FUNCS) | set(_CORE_FUNCS) | set(_BOUND_FUNCS) | _OTHER_FUNCS
                 | _UNSUPPORTED_FUNCS)
 _CONSTANTS = {"pi": math.pi}   # names a formula may use as numbers (math.pi)
+_LITERALS = {"true", "false", "none"}   # keyword values (keepdim=True), not tensors
 
 
 class _NoFormula(Exception):
@@ -100,10 +101,20 @@ class _FormulaParser:
         return self.postfix(self.primary())
 
     def postfix(self, node):
-        while self.peek("op", "^") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "t":
-            self.i += 2
-            node = ("T", node)
-        return node
+        while True:
+            if self.peek("op", "^") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "t":
+                self.i += 2
+                node = ("T", node)
+            elif self.peek("other", ".") and node[0] == "call":   # x.max(dim=-1).values / .indices
+                field = self.toks[self.i + 1][1] if self.i + 1 < len(self.toks) else ""
+                head, _, func = node[1].rpartition(".")
+                if field not in ("values", "indices") or func not in ("max", "min"):
+                    raise _NoFormula
+                self.i += 2
+                if field == "indices":
+                    node = ("call", (head + "." if head else "") + "arg" + func, node[2], node[3])
+            else:
+                return node
 
     def primary(self):
         tok = self.peek()
@@ -201,7 +212,7 @@ def _is_formula(node) -> bool:
 
 def _tensor_names(node) -> list[str]:
     """The names a formula reads, without the constants it names (math.pi)."""
-    return [n for n in _leaves(node, "name") if n not in _CONSTANTS]
+    return [n for n in _leaves(node, "name") if n not in _CONSTANTS and n not in _LITERALS]
 
 
 def _tokens(text: str) -> list[tuple[str, str, int, int]]:

@@ -71,6 +71,9 @@ def read_pool(ctx: _Ctx) -> None:
                 pool[key] = value[0] if key == "divisor" else value
                 ctx.note("pool", m.group(0).strip())
     found = ctx.take(_POOL)
+    if not found:   # its word sits in a call on tensors the formula phase reads
+        raise _Fail("I cannot read that pooling call in full; say it in words, e.g. 'max pool 3x3 stride 2 "
+                    "padding 1 on a 16x64x112x112 tensor'.")
     kinds = {("max" if m.group("kind") == "max" else "avg", bool(m.group("adaptive"))) for m in found}
     if len(kinds) > 1:
         raise _Fail("the request names two different poolings; I write one kernel per request.")

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from mtmc.kernels import pointwise
+from mtmc.request.torch_calls import rewrite_calls
 
 
 DEFAULT_SIZE = 4096                      # rows, width or M=N=K when none is given (always stated)
@@ -135,6 +136,7 @@ class _Ctx:
             norm = norm.replace(a, b)
         norm = _rx(_COUNT).sub(_count_digits, norm)
         norm = _rx(_MILLION).sub(_number_word, norm)
+        norm = rewrite_calls(norm)  # nn.Conv2d(3, 64, kernel_size=3) -> the words the op phases read
         self.norm = norm            # the whole request, lowercased
         self.s = norm               # the same with everything already used blanked out
         self.items: list[_Item] = []
