@@ -114,3 +114,33 @@ def test_attention_words_dropout_free_and_tokens_as_the_sequence():
     res = parse_request("causal self-attention with 32 heads of dim 128 over 2048 tokens, batch 1, bf16")
     assert res.ok, res.message
     assert [res.spec.dims[k] for k in ("B", "H", "L", "E")] == [1, 32, 2048, 128]
+
+
+def test_log_of_softmax_is_log_softmax_not_log_then_softmax():
+    assert spec_of("log of softmax over rows of 512x50257").op == "log_softmax"
+
+
+def test_a_backward_pass_is_refused_not_served_as_the_forward():
+    res = parse_request("gelu backward for 1024x4096")
+    assert not res.ok and "backward" in res.message.lower()
+
+
+def test_residual_add_then_layernorm_adds_the_residual_once():
+    s = spec_of("fused residual add + layernorm for hidden 1024, 8192 tokens, bf16")
+    assert [st["op"] for st in s.params["prologue"]] == ["residual"]
+
+
+@pytest.mark.parametrize("text,chain", [
+    ("divide x by y elementwise, 1024x1024", ["div"]),
+    ("y / x with x, y of shape 256x256", ["rdiv"]),
+    ("compute x**2 + 1 for x 100x100", ["square", "shift"]),
+    ("x ** 3 on a 512x512 tensor", ["pow"]),
+])
+def test_division_by_a_tensor_and_powers_in_formulas(text, chain):
+    s = spec_of(text)
+    assert [st["op"] for st in s.params["chain"]] == chain
+
+
+def test_rows_of_a_width():
+    s = spec_of("rms norm with eps 1e-5 for 4096 rows of 8192")
+    assert (s.dims["M"], s.dims["N"]) == (4096, 8192)

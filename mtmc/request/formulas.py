@@ -342,9 +342,11 @@ class _Walker:
             return chain + [("step", step)]
         if op == "/" and in_left and value:
             return chain + [("step", {"op": "scale", "value": 1.0 / value})]
-        if op in ("**", "^") and in_left and value == 2:
-            return chain + [("step", {"op": "square"})]
-        self.fail(node, "the pointwise vocabulary has no op for this (no division by a tensor, no powers but 2)")
+        if op == "/" and value is None:   # x / y, or y / x: a second tensor divides or is divided
+            return chain + [("step", self.operand(other, "div" if in_left else "rdiv"))]
+        if op in ("**", "^") and in_left and value is not None and not in_right:
+            return chain + [("step", {"op": "square"} if value == 2 else {"op": "pow", "value": value})]
+        self.fail(node, "the pointwise vocabulary has no op for this (no tensor exponents)")
 
     def plus(self, other, value) -> tuple:
         if value is not None:

@@ -153,6 +153,7 @@ _BY_SHAPE = rf"{INT}(?:\s+by\s+{INT})+"
 _NAMED = rf"\b(?P<dims>(?:[bmnk]\s*[=:]\s*)+)(?P<v>{INT})"     # M=4096, M=N=K=1024
 _ROWS = r"(?:rows|tokens|vectors|samples|examples|items|logits|predictions)\b"
 _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings first
+    (rf"({INT})\s+{_ROWS}\s+of\s+(?:size\s+|length\s+|width\s+)?({INT})\b", ("rows", "cols")),   # 4096 rows of 8192
     (rf"\b(?:a\s+)?batch\s+of\s+({INT})\s+{_ROWS}", ("rows",)),
     (rf"({INT})\s+{_ROWS}", ("rows",)),
     (rf"\b(?:num[\s_]*|n[\s_]*)?(?:rows|tokens)\s*[=:]\s*({INT})", ("rows",)),

@@ -40,7 +40,8 @@ _ACTIVATIONS = [
     (r"\b(?:rsqrt|reciprocal\s+square\s+root|inverse\s+square\s+root)\b", "rsqrt", {}),
     (r"\b(?:sqrt|square\s+root)\b", "sqrt", {}),
     (r"\b(?:reciprocal|inverse|1\s*/\s*x)\b", "reciprocal", {}),
-    (r"\b(?:natural\s+)?(?:log(?:arithm)?|ln)\b(?![\s_-]*(?:soft|sum|sigmoid))", "log", {}),
+    # not "log softmax", "log of (the) softmax": those are log_softmax (request.words)
+    (r"\b(?:natural\s+)?(?:log(?:arithm)?|ln)\b(?![\s_-]*(?:of\s+(?:the\s+|a\s+)?)?(?:soft|sum|sigmoid))", "log", {}),
     (r"\bsign(?:um)?\b", "sign", {}),
     (r"\berf\b|\berror\s+function\b", "erf", {}),
     (r"\btanh[\s_-]?shrink\b", "tanhshrink", {}),
@@ -53,8 +54,9 @@ _HARDTANH = (rf"\bhard[\s_-]?tanh\b{_V}min(?:_val)?{_EQ}(?P<lo>{NUM})\s*,?\s*(?:
              rf"(?P<hi>{NUM})\s*\)?)?")
 _HARDTANH_RANGE = (rf"\bhard[\s_-]?tanh\s+(?:between|from|in|within|to|clipping\s+to)\s+[\[(]?\s*(?P<lo>{NUM})\s*"
                    rf"(?:and|to|,)\s*(?P<hi>{NUM})\s*[\])]?")   # "hardtanh between -0.5 and 0.5"
+# (x ** p is the formula phase's: "x**2 + 1" is one formula)
 _POWER = (rf"\b(?:to\s+the\s+power\s+(?:of\s+)?|raised\s+to\s+(?:the\s+power\s+(?:of\s+)?)?|pow(?:er)?\s*\(?\s*"
-          rf"(?:x\s*,\s*)?|\bx\s*\*\*\s*)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
+          rf"(?:x\s*,\s*)?)(?P<p>{NUM})\s*\)?|\b(?P<cube>cubed?)\b")
 _REDUCTIONS = [
     (r"\blog[\s_-]*sum[\s_-]*exp\w*\b|\blse\b", "logsumexp"),
     (r"\b(?:reduce[\s_-]*)?prod\b|(?<!cumulative\s)\bproduct\s+(?=(?:reduction|over|along|across|of\s+(?:each|every|all"

@@ -17,6 +17,7 @@ from mtmc.request.reading import (
 # -- phase 5: op words ----------------------------------------------------------------------
 
 _UNSUPPORTED = [  # (pattern, what it is); checked before anything could read part of it
+    (r"\bbackward(?:s|\s+pass)?\b|\bgrad(?:ient)?s?\b|\bderivatives?\b|\bautograd\b", "backward passes (gradients)"),
     (r"\bconv\w*|\bconvolution\w*", "convolution"),
     (r"\b(?:flash[\s_-]*)?attention\b|\bsdpa\b|\bmulti[\s_-]*head\b", "attention"),
     (r"\bbatch[\s_-]*norm\w*|\bbn\b", "batch norm"),
@@ -36,15 +37,14 @@ _UNSUPPORTED = [  # (pattern, what it is); checked before anything could read pa
     (r"\b(?:de)?quanti[sz]\w*", "quantization"),
 ]
 _UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine|cos|cosine|softplus|mish|elu"
-                      r"|selu|celu|hard[\s_-]*(?:swish|sigmoid|tanh)|erf|reciprocal|floor|ceil)\b"
-                      r"|\bdivi\w*\s+(?:\w+\s+){0,2}?(?:by\s+)?(?:two|2|another|a\s+second|the\s+other|y\b)"
-                      r"|\b(?:element|point)[\s_-]*wise\s+divi\w*")
+                      r"|selu|celu|hard[\s_-]*(?:swish|sigmoid|tanh)|erf|reciprocal|floor|ceil)\b")
 _LAYOUT_NK = (r"\btranspos\w*\s+(?:the\s+)?(?:weight|w|b|rhs|second\s+(?:matrix|operand))\b"
               r"|\b(?:weight|w|b|rhs)\s+(?:is\s+|stored\s+)?transposed\b|\bnk\s+layout\b"
               r"|\bb_layout\s*=?\s*['\"]?nk['\"]?")
 _MATMUL_WORDS = MATMUL_WORDS
 _CORES = [  # (pattern, family, op); specific before general ("log softmax" is not also "softmax")
-    (r"\blog[\s_-]*soft[\s_-]?max\b|\blogsoftmax\b", "softmax", "log_softmax"),
+    (r"\blog[\s_-]*soft[\s_-]?max\b|\blogsoftmax\b|\blog\s+of\s+(?:the\s+|a\s+)?soft[\s_-]?max\b", "softmax",
+     "log_softmax"),
     (r"\bsoft[\s_-]?max\b", "softmax", "softmax"),
     (r"\brms[\s_-]*norm\w*|\broot[\s_-]+mean[\s_-]+squared?[\s_-]+norm\w*", "norm", "rmsnorm"),
     (r"\blayer[\s_-]*norm\w*", "norm", "layernorm"),
@@ -87,6 +87,7 @@ _BINARY_VERBS = {
     "add": r"add|adds|adding|addition|sum|plus",
     "sub": r"subtract|subtracts|subtracting|subtraction|sub|minus|difference",
     "mul": r"hadamard\s+product|multiply|multiplies|multiplying|multiplied|multiplication|mul|times|product",
+    "div": r"divide|divides|dividing|divided|division|div",
     "maximum": r"max|maximum",
     "minimum": r"min|minimum",
 }
@@ -127,7 +128,7 @@ _UNARY_WORDS = [  # specific before general: "gelu with tanh approximation" is n
     (r"relu", [{"op": "relu"}]),
 ]
 # "fused add + rmsnorm": the residual add before a norm (read before the norm words are taken).
-_ADD_NORM = r"\badd\s*(?:\+|&|and|-)\s*(?=(?:layer|rms)[\s_-]*norm)"
+_ADD_NORM = r"\b(?:residual[\s_-]+)?add\s*(?:\+|&|and|-)\s*(?=(?:layer|rms)[\s_-]*norm)"
 _ELEMENTWISE_WORDS = r"\b(?:element|point)[\s_-]*wise\b|\bhadamard\b"
 _MULTIPLY = r"\b(?:multipl\w*|times|product(?:\s+of)?)\b(?!\s*(?:by\s+|with\s+)?[-+]?[\d.])"
 
