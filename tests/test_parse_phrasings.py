@@ -144,3 +144,41 @@ def test_division_by_a_tensor_and_powers_in_formulas(text, chain):
 def test_rows_of_a_width():
     s = spec_of("rms norm with eps 1e-5 for 4096 rows of 8192")
     assert (s.dims["M"], s.dims["N"]) == (4096, 8192)
+
+
+@pytest.mark.parametrize("text,chain", [
+    ("sqrt of exp of a 1024x1024 tensor", ["exp", "sqrt"]),
+    ("the log of the sigmoid of a 64x64 tensor", ["sigmoid", "log"]),
+])
+def test_f_of_g_applies_g_first(text, chain):
+    assert [st["op"] for st in spec_of(text).params["chain"]] == chain
+
+
+@pytest.mark.parametrize("text,pro,epi", [
+    ("sqrt of the sum of squares of each row of 1000x300", ["square"], ["sqrt"]),
+    ("tanh of the mean of each row of 64x1024", [], ["tanh"]),
+    ("the mean of the relu of each row of 64x1024", ["relu"], []),
+])
+def test_f_of_a_reduction_is_its_epilogue(text, pro, epi):
+    p = spec_of(text).params
+    assert [st["op"] for st in p.get("prologue", [])] == pro and [st["op"] for st in p.get("epilogue", [])] == epi
+
+
+def test_a_dtype_before_words_in_parentheses_is_kept():
+    s = spec_of("Triton kernel: out = gelu(a) * b, a and b are 4096x14336 bf16 (the SwiGLU-like gate)")
+    assert s.dtype == "bfloat16" and [st["op"] for st in s.params["chain"]] == ["gelu", "mul"]
+
+
+def test_gate_times_up_keeps_the_second_tensor():
+    s = spec_of("silu(gate) * up for tensors of shape [8, 2048, 14336] bfloat16")
+    assert [st["op"] for st in s.params["chain"]] == ["silu", "mul"]
+
+
+def test_gated_units_in_words():
+    s = spec_of("swiglu with x of 4096x11008 and gate of 4096x11008, bf16")
+    assert [st["op"] for st in s.params["chain"]] == ["silu", "mul"]
+
+
+def test_top_k_is_refused_as_sorting():
+    res = parse_request("top-k 8 over the last dim of 1024x32000")
+    assert not res.ok and "top-k" in res.message.lower()

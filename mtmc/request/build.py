@@ -38,17 +38,22 @@ def _decide(ctx: _Ctx) -> tuple[str, str]:
 
 
 def _ordered(ctx: _Ctx) -> list[_Item]:
-    """Items in the order they apply: text order, except that "A after B" puts B first.
-    Clauses are cut at "then", commas, ...; a run of "after" clauses is reversed."""
-    marks = sorted([(m.start(), "after") for m in _rx(_AFTER).finditer(ctx.norm)]
-                   + [(m.start(), "seq") for m in _rx(_BOUNDARY).finditer(ctx.norm)])
-    clauses: list[tuple[str, list[_Item]]] = [("seq", [])]
+    """Items in the order they apply: text order, except that "A after B" and "A of (the) B" put
+    B first ("sqrt of the sum of squares": squares, sum, sqrt).  Clauses are cut at "then",
+    commas, ...; a run of "after" clauses is reversed."""
     items = sorted(ctx.items, key=lambda it: it.pos)
+    marks = sorted([(m.start(), "after") for m in _rx(_AFTER).finditer(ctx.norm)]
+                   + [(m.start(), "seq") for m in _rx(_BOUNDARY).finditer(ctx.norm)]
+                   + [(m.start(), "after") for it in items
+                      if (m := _rx(_OF_ITEM).search(ctx.norm[:int(it.pos)])) is not None])
+    clauses: list[tuple[str, list[_Item]]] = [("seq", [])]
     k = 0
     for item in items:
         while k < len(marks) and marks[k][0] <= item.pos:
-            if clauses[-1][1] or marks[k][1] == "after":
+            if clauses[-1][1]:
                 clauses.append((marks[k][1], []))
+            else:   # no item since the last mark: the latest mark says how the next clause joins
+                clauses[-1] = (marks[k][1] if len(clauses) > 1 else "seq", [])
             k += 1
         clauses[-1][1].append(item)
     out, run = [], []
@@ -59,6 +64,9 @@ def _ordered(ctx: _Ctx) -> list[_Item]:
         run.append(clause)
     out.extend(it for c in reversed(run) for it in c)
     return out
+
+
+_OF_ITEM = r"\bof\s+(?:the\s+|an?\s+|its\s+)?$"   # "A of the B": B's words start right after
 
 
 def _around_core(ctx: _Ctx) -> tuple[_Item, list[_Item], list[_Item]]:
@@ -74,7 +82,7 @@ def _around_core(ctx: _Ctx) -> tuple[_Item, list[_Item], list[_Item]]:
 def _binds_to_input(ctx: _Ctx, core: _Item, step: _Item) -> bool:
     """"layernorm of x plus a residual", "sum of squares": a step said right after the core,
     with no "then"/"followed by" between, describes the core's input."""
-    if step.formula:
+    if step.formula or step.pos < core.pos:   # "sqrt of the sum": said before the core, applied after it
         return False
     return not _rx(_SEQ).search(ctx.norm[core.end:int(step.pos)])
 

@@ -36,7 +36,7 @@ from mtmc.request.norm_words import OPS as NORM_WORD_OPS, build_norm, read_norm
 from mtmc.request.phrases import _read_context, _read_dtype, _read_sizes
 from mtmc.request.reading import MAX_CHARS, _Ctx, _Fail
 from mtmc.request.scanloss_words import build_scanloss, read_scanloss
-from mtmc.request.words import _check_clauses, _check_leftovers, _check_tensor_count, _read_axis, _read_words
+from mtmc.request.words import refuse_unsupported, _check_clauses, _check_leftovers, _check_tensor_count, _read_axis, _read_words
 
 
 @dataclass
@@ -78,6 +78,7 @@ def parse_request(text: str) -> ParseResult:
 
 
 def _parse(ctx: _Ctx) -> KernelSpec:
+    refuse_unsupported(ctx)   # top-k, FFT, backward passes: before a phase reads a piece of them
     _read_context(ctx)
     _read_dtype(ctx)
     read_conv(ctx)   # a convolution's own words (kernel, stride ...)

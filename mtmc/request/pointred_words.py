@@ -41,7 +41,8 @@ _ACTIVATIONS = [
     (r"\b(?:sqrt|square\s+root)\b", "sqrt", {}),
     (r"\b(?:reciprocal|inverse|1\s*/\s*x)\b", "reciprocal", {}),
     # not "log softmax", "log of (the) softmax": those are log_softmax (request.words)
-    (r"\b(?:natural\s+)?(?:log(?:arithm)?|ln)\b(?![\s_-]*(?:of\s+(?:the\s+|a\s+)?)?(?:soft|sum|sigmoid))", "log", {}),
+    (r"\b(?:natural\s+)?(?:log(?:arithm)?|ln)\b(?![\s_-]*(?:soft|sum|sigmoid))(?!\s+of\s+(?:the\s+|a\s+)?soft[\s_-]?max)",
+     "log", {}),
     (r"\bsign(?:um)?\b", "sign", {}),
     (r"\berf\b|\berror\s+function\b", "erf", {}),
     (r"\btanh[\s_-]?shrink\b", "tanhshrink", {}),

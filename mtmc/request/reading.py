@@ -108,9 +108,11 @@ def _number_word(m: re.Match) -> str:
     return str(int(value)) if value == int(value) else m.group(0)   # "1.0000005 million": left to refuse
 
 
-_CALL_OPEN = r"(?<![\w.])(?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*\s*\("
+# no space before "(": "4096x14336 bf16 (the gate)" is words, not a call
+_CALL_OPEN = r"(?<![\w.])(?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*\("
 # the names a formula reads tensors by (formulas._is_formula takes the same)
-VARS = (r"[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other|gate|logits"
+VARS = (r"[a-z][0-9]?|input|inputs|inp|bias|residual|res|skip|shortcut|weight|hidden|other|gate|up|down|lhs|rhs"
+        r"|pred|target|logits"
         r"|scores|act|mask")
 _TENSOR_VAR = rf"(?<![\w.])(?:{VARS})(?=\s*(?:[-,)*+/^@]|\*\*|\.\w|$))"
 

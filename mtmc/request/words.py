@@ -16,25 +16,29 @@ from mtmc.request.reading import (
 
 # -- phase 5: op words ----------------------------------------------------------------------
 
-_UNSUPPORTED = [  # (pattern, what it is); checked before anything could read part of it
+# ops no phase reads, refused before any phase could read a piece of them ("top-k" once became a
+# formula "-k"; "gelu backward" the forward gelu)
+_UNSUPPORTED_FIRST = [
     (r"\bbackward(?:s|\s+pass)?\b|\bgrad(?:ient)?s?\b|\bderivatives?\b|\bautograd\b", "backward passes (gradients)"),
+    (r"\bsort\w*|\btop[\s_-]?k\b|\bargsort\b", "sorting / top-k"),
+    (r"\bfft\b|\bfourier\b", "FFT"),
+    (r"\b(?:de)?quanti[sz]\w*", "quantization"),
+]
+_UNSUPPORTED = [  # (pattern, what it is): the words left once the op phases took theirs
     (r"\bconv\w*|\bconvolution\w*", "convolution"),
     (r"\b(?:flash[\s_-]*)?attention\b|\bsdpa\b|\bmulti[\s_-]*head\b", "attention"),
     (r"\bbatch[\s_-]*norm\w*|\bbn\b", "batch norm"),
     (r"\bgroup[\s_-]*norm\w*|\binstance[\s_-]*norm\w*|\bweight[\s_-]*norm\w*", "group/instance/weight norm"),
     (r"\bl[12][\s_-]*norm\w*|\bfrobenius\b|\bvector\s+norm\b", "vector norms (L1/L2)"),
     (r"\bcum[\s_-]*(?:sum|prod)\w*|\bcumulative\b|\bprefix[\s_-]*sums?\b|\bscan\b", "cumulative sums / scans"),
-    (r"\bsort\w*|\btop[\s_-]?k\b", "sorting / top-k"),
     (r"\bembedding\w*|\bgather\w*|\bscatter\w*|\bindex[\s_-]*select\w*", "gather / scatter / embedding"),
     (r"\b\w*pool\w*", "pooling"),
-    (r"\bfft\b|\bfourier\b", "FFT"),
     (r"\bdropout\b", "dropout"),
     (r"\bcross[\s_-]*entropy\b|\bloss\b|\bnll\b|\bmse\b|\bmean[\s_-]+(?:squared|absolute)[\s_-]+error\b",
      "loss functions"),
     (r"\blog[\s_-]*sum[\s_-]*exp\b", "logsumexp"),
     (r"\btranspos\w*|\bpermut\w*|\breshap\w*|\bconcat\w*", "layout ops (transpose, permute, reshape, concat)"),
     (r"\beinsum\b", "einsum"),
-    (r"\b(?:de)?quanti[sz]\w*", "quantization"),
 ]
 _UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine|cos|cosine|softplus|mish|elu"
                       r"|selu|celu|hard[\s_-]*(?:swish|sigmoid|tanh)|erf|reciprocal|floor|ceil)\b")
@@ -133,15 +137,20 @@ _ELEMENTWISE_WORDS = r"\b(?:element|point)[\s_-]*wise\b|\bhadamard\b"
 _MULTIPLY = r"\b(?:multipl\w*|times|product(?:\s+of)?)\b(?!\s*(?:by\s+|with\s+)?[-+]?[\d.])"
 
 
-def _read_words(ctx: _Ctx) -> None:
-    for m in ctx.take(_LAYOUT_NK):
-        ctx.flags.add("nk")
-        ctx.note("ops", f"{m.group(0).strip()!r} -> weight stored [N, K]")
-    for pattern, what in _UNSUPPORTED:
+def refuse_unsupported(ctx: _Ctx, table=None) -> None:
+    """Fail with the first op of `table` (default: the ones refused first) the request names."""
+    for pattern, what in (_UNSUPPORTED_FIRST if table is None else table):
         for m in ctx.take(pattern):
             ctx.note("unsupported", what)
             raise _Fail(f"{what[0].upper() + what[1:]} ('{m.group(0).strip()}') is not in the catalog yet, "
                         "so I cannot write it.")
+
+
+def _read_words(ctx: _Ctx) -> None:
+    for m in ctx.take(_LAYOUT_NK):
+        ctx.flags.add("nk")
+        ctx.note("ops", f"{m.group(0).strip()!r} -> weight stored [N, K]")
+    refuse_unsupported(ctx, _UNSUPPORTED)
     _read_matrix_product(ctx)
     for op, verbs in _BINARY_VERBS.items():
         for m in ctx.take(_binary_pattern(verbs)):
@@ -165,6 +174,10 @@ def _read_words(ctx: _Ctx) -> None:
             if op in ("bias", "residual") and f"no_{op}" in ctx.flags:
                 raise _Fail(f"the request both asks for a {op} and says there is none.")
             ctx.add_steps(m, [{"op": op}])
+    for m in ctx.take(r"\b(?P<act>swi|ge|re)[\s_-]?glu\b(?![\s_-]*like)"):   # a gated unit of two tensors
+        act = {"swi": "silu", "ge": "gelu", "re": "relu"}[m.group("act")]
+        ctx.add_steps(m, [{"op": act}, {"op": "mul"}])
+        ctx.assume(f"{m.group(0).strip()} read as {act}(x) * y: the activation on the first tensor, times the second")
     for words, steps in _UNARY_WORDS:
         for m in ctx.take(rf"{_VERB}\b(?:{words})\b(?:\s+activation)?"):
             ctx.add_steps(m, [dict(s) for s in steps])
