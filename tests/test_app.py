@@ -54,6 +54,30 @@ def test_followup_questions_new_requests_and_unclear_sizes():
     assert interpret("make it 8192x8192", MATMUL).kind == "unclear"            # which two of M, N, K?
 
 
+@pytest.mark.parametrize("text", ["how fast is it?", "what did step 2 change?", "what is BLOCK_N?",
+                                  "can you make it faster?"])
+def test_followup_questions_about_the_run_are_answered_from_its_records(text):
+    assert interpret(text, SOFTMAX).kind == "why"                       # once: a new request the parser refused
+    assert interpret(text, None, ran=True).kind == "why"                # after a module run too
+    assert interpret(text, None).kind == "new"                          # nothing ran: the parser answers
+
+
+def test_followup_capability_questions_and_whole_requests_stay_new():
+    assert interpret("what can you do?", SOFTMAX).kind == "new"
+    assert interpret("softmax of a 64x64 tensor?", SOFTMAX).kind == "new"
+
+
+@pytest.mark.parametrize("text, op, dtype", [
+    ("now layernorm instead", "layernorm", "float16"),
+    ("what about gelu?", "chain", "float16"),
+    ("gelu in bf16", "chain", "bfloat16"),
+])
+def test_followup_another_op_runs_on_the_last_tensor(text, op, dtype):
+    f = interpret(text, SOFTMAX)   # the parser alone would take its default 4096x4096 float32
+    assert f.kind == "change" and f.spec["op"] == op and f.spec["dtype"] == dtype
+    assert f.spec["dims"] == {"M": 4096, "N": 8192}
+
+
 # -- the run line -------------------------------------------------------------------------------
 def test_runs_go_one_at_a_time_and_waiting_ones_see_their_place():
     line, release = RunQueue(), threading.Event()

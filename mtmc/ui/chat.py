@@ -129,7 +129,8 @@ class Chat:
             return
         last = conversation.last_run(thread_id)
         prior = services.thread_state(thread_id) if last.get("kind") == "kernel" else {}
-        follow = interpret(text, prior.get("spec") if prior.get("steps") else None, prior.get("alternative"))
+        follow = interpret(text, prior.get("spec") if prior.get("steps") else None, prior.get("alternative"),
+                           ran=bool(last.get("kind")))
         if follow.kind == "why":
             history.append(say(self._why(text, follow, last, prior, prefs)))
             yield {"chat": history}

@@ -50,10 +50,10 @@ def _number(pattern: re.Pattern, text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def interpret(text: str, last_spec: dict | None, alternative: dict | None = None) -> FollowUp:
-    """Classify `text` given the conversation's last spec (None before the first run) and that
-    request's other reading, if it had one."""
-    if WHY.search(text):
+def interpret(text: str, last_spec: dict | None, alternative: dict | None = None, ran: bool = False) -> FollowUp:
+    """Classify `text` given the conversation's last spec (None before the first run, or after a
+    module run), that request's other reading, if it had one, and whether anything ran yet."""
+    if WHY.search(text) or ((ran or last_spec) and _about_the_run(text)):
         return FollowUp("why", step=_number(STEP, text), group=_number(GROUP, text),
                         fusion=bool(FUSION.search(text)))
     if not last_spec:
@@ -66,6 +66,11 @@ def interpret(text: str, last_spec: dict | None, alternative: dict | None = None
         return FollowUp("reading", spec=spec.to_dict(), changes=[f"the other reading: {describe(spec)}"])
     parsed = parse_request(text)
     understood = parsed.understood
+    if understood.get("ops") and not (understood.keys() & {"shapes", "sizes"}):
+        # "now layernorm instead": the new op on the last run's tensor, not the parser's default shape
+        switched = _same_tensor(text, KernelSpec.from_dict(last_spec), "dtype" in understood)
+        if switched is not None:
+            return switched
     if parsed.ok or not understood or not set(understood) <= _CHANGE_KEYS:
         return FollowUp("new")
     try:
@@ -74,6 +79,38 @@ def interpret(text: str, last_spec: dict | None, alternative: dict | None = None
         return FollowUp("unclear", message=str(exc))
     spec.request = f"{spec.request} (then: {text.strip()})" if spec.request else text.strip()
     return FollowUp("change", spec=spec.to_dict(), changes=changes)
+
+
+# a question about the last run ("how fast is it?", "what did step 2 change?", "what is BLOCK_N?"),
+# answered from its records; only when the words name no op (a new request may be a question too)
+_QUESTION = re.compile(r"\?\s*$|^\s*(?:what|how|which|when|where|did|does|do|is|was|were|tell me|show me)\b", re.I)
+
+
+_CAPABILITIES = re.compile(r"\bwhat\s+(?:else\s+)?(?:can|could)\s+you\b|\bwhat\s+do\s+you\s+(?:support|do)\b", re.I)
+
+
+def _about_the_run(text: str) -> bool:
+    if not _QUESTION.search(text):
+        return False
+    if _CAPABILITIES.search(text):
+        return False
+    understood = parse_request(text).understood
+    return not (understood.keys() & {"ops", "formula", "dtype", "sizes", "shapes"})
+
+
+def _same_tensor(text: str, last: KernelSpec, own_dtype: bool) -> FollowUp | None:
+    """Another op on the last run's tensor ("now layernorm instead", "what about gelu?"): the words
+    with the last [M, N] shape and dtype added, when that reads as a request of its own."""
+    if set(last.dims) != {"M", "N"}:
+        return None
+    shape = f"{last.dims['M']}x{last.dims['N']}"
+    dtype = "" if own_dtype else f" {last.dtype}"
+    parsed = parse_request(f"{text.strip().rstrip('?.!')} on a {shape}{dtype} tensor")
+    if not parsed.ok:
+        return None
+    spec = parsed.spec
+    spec.request = f"{text.strip()} (on the last run's {shape}{dtype} tensor)"
+    return FollowUp("change", spec=spec.to_dict(), changes=[f"{describe(spec)}, on the last run's {shape}{dtype} tensor"])
 
 
 def apply_changes(spec: KernelSpec, understood: dict) -> tuple[KernelSpec, list[str]]:
