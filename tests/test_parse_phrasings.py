@@ -182,3 +182,14 @@ def test_gated_units_in_words():
 def test_top_k_is_refused_as_sorting():
     res = parse_request("top-k 8 over the last dim of 1024x32000")
     assert not res.ok and "top-k" in res.message.lower()
+
+
+@pytest.mark.parametrize("text,x", [
+    ("3x3 convolution, stride 1, padding 1, 64 input channels, 64 output channels, batch 32, 56x56 images, fp16",
+     (32, 64, 56, 56)),
+    ("average pooling with kernel 3 stride 2 on a batch of 64 images of 128 channels and 28x28 pixels",
+     (64, 128, 28, 28)),
+])
+def test_input_from_batch_channels_and_image_size_words(text, x):
+    d = spec_of(text).dims
+    assert (d["N"], d.get("C_in", d.get("C")), d["H"], d["W"]) == x

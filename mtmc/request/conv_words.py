@@ -171,6 +171,10 @@ def spatial_input(ctx: _Ctx, r: int | None, what: str, example: str, hint: str,
     elif "batch" in ctx.sizes and channels is not None and r is not None and len(x) == r:   # sizes in words
         x = [ctx.sizes["batch"], channels, *x]
         _use(ctx, "batch")
+    elif "batch" in ctx.sizes and channels is not None and r is None and len(x) <= 3:
+        # "batch 32, 64 channels, 56x56 images": the shape is C x spatial when it starts with C, else spatial
+        x = [ctx.sizes["batch"], *x] if x[0] == channels and len(x) > 1 else [ctx.sizes["batch"], channels, *x]
+        _use(ctx, "batch")
     if r is None:
         r = len(x) - 2
     if r not in SPATIAL or len(x) != r + 2:
