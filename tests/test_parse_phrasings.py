@@ -193,3 +193,10 @@ def test_top_k_is_refused_as_sorting():
 def test_input_from_batch_channels_and_image_size_words(text, x):
     d = spec_of(text).dims
     assert (d["N"], d.get("C_in", d.get("C")), d["H"], d["W"]) == x
+
+
+def test_outer_product_is_a_matmul_with_k_1_not_an_elementwise_mul():
+    s = spec_of("outer product of a 1024 vector and a 512 vector in fp16")
+    assert s.family == "matmul" and s.dims == {"M": 1024, "N": 512, "K": 1}
+    assert spec_of("outer product of two vectors of length 1024").dims == {"M": 1024, "N": 1024, "K": 1}
+    assert not parse_request("outer product of 4096x4096").ok

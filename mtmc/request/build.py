@@ -284,6 +284,8 @@ def _build_matmul(ctx: _Ctx, op: str) -> KernelSpec:
 
 
 def _matmul_dims(ctx: _Ctx, op: str, nk: bool) -> dict[str, int]:
+    if "outer" in ctx.flags:
+        return _outer_dims(ctx)
     named = {k: ctx.sizes[k] for k in ("B", "M", "N", "K") if k in ctx.sizes}
     if named:
         if not {"M", "N", "K"} <= set(named):
@@ -303,6 +305,18 @@ def _matmul_dims(ctx: _Ctx, op: str, nk: bool) -> dict[str, int]:
     default = dict(DEFAULT_BMM) if op == "bmm" else {"M": DEFAULT_SIZE, "N": DEFAULT_SIZE, "K": DEFAULT_SIZE}
     ctx.assume("no shape given: using " + ", ".join(f"{k}={v}" for k, v in default.items()))
     return default
+
+
+def _outer_dims(ctx: _Ctx) -> dict[str, int]:
+    """An outer product of vectors a [M] and b [N]: the matmul [M, 1] x [1, N] ("two vectors of
+    length 1024": both 1024)."""
+    vectors = [s for s in ctx.shapes if len(s) == 1]
+    if len(vectors) != len(ctx.shapes) or len(vectors) not in (1, 2):
+        raise _Fail("an outer product takes two vectors: give their lengths ('of a 1024 vector and a 512 vector', "
+                    "'of two vectors of length 1024').")
+    m, n = vectors[0][0], vectors[-1][0]
+    ctx.note("context", f"outer product: [{m} x 1] times [1 x {n}]")
+    return {"M": m, "N": n, "K": 1}
 
 
 def _same(from_shapes: dict, named: dict) -> None:

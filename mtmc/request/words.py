@@ -187,7 +187,11 @@ def _read_words(ctx: _Ctx) -> None:
 
 def _read_matrix_product(ctx: _Ctx) -> None:
     """"a 1024x512 matrix times a 512x256 matrix", "multiply two 4096x4096 matrices", "8 batches
-    of 64x128 times 128x96": a matmul, unless the request says elementwise (then it is the mul step)."""
+    of 64x128 times 128x96": a matmul, unless the request says elementwise (then it is the mul step).
+    An outer product of two vectors is the matmul [M, 1] x [1, N] (request.build)."""
+    for m in ctx.take(r"\bouter[\s_-]*products?\b"):
+        ctx.flags.add("outer")
+        ctx.add_core(m, "matmul", "matmul")
     elementwise = bool(_rx(_ELEMENTWISE_WORDS).search(ctx.s))
     _read_shape_product(ctx, elementwise)
     if elementwise:
