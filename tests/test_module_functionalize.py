@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import torch
+
+from mtmc.tools.loader import load_file
 from tests.test_module_conv import assert_model_new_matches, captured_source
 
 HEAD = """
@@ -109,3 +112,53 @@ def test_in_place_relu_read_through_a_dropout_fuses(tmp_path):
     cap, part = captured_source(tmp_path, CLASSIFIER)
     assert not [t for t in part.torch_ops if "in-place" in t["why"]], part.torch_ops
     assert_model_new_matches(tmp_path, CLASSIFIER, cap, part)
+
+
+DEAD_CALLS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+        self.idn = nn.Identity()
+        self.conv = nn.Conv2d(4, 4, 1)
+        self.fc = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        y = self.conv(torch.relu(self.idn(self.bn(x))))
+        z = y.flatten(2)
+        return z + self.drop(self.fc(z))
+
+
+def get_inputs():
+    return [torch.rand(2, 4, 4, 4) * 3 + 1]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_submodule_calls_a_group_replaced_do_not_stay_in_the_forward(tmp_path):
+    # Found on held-out CViT / Swin uploads: a layer read past an identity (Dropout(0), nn.Identity)
+    # stayed in ModelNew's forward, its output unused: the work ran twice, and a training-mode
+    # BatchNorm moved its running statistics twice (num_batches_tracked 2 against Model's 1)
+    cap, part = captured_source(tmp_path, DEAD_CALLS)
+    assert {g.family for g in part.groups} >= {"norm", "matmul"}, part.groups
+    assert_model_new_matches(tmp_path, DEAD_CALLS, cap, part)
+    m = load_file(tmp_path / "new_model.py", "dead_calls_new")
+    source = (tmp_path / "new_model.py").read_text().split("class ModelNew")[1]
+    for call in ("self.bn(", "self.idn(", "self.fc(", "self.drop("):
+        assert call not in source, call
+    torch.manual_seed(0)
+    model, new = m.Model(), m.ModelNew()
+    new.load_state_dict(model.state_dict())
+    x = m.get_inputs()[0]
+    with torch.no_grad():
+        model(x), new(x)
+    for name, buf in model.named_buffers():
+        torch.testing.assert_close(dict(new.named_buffers())[name], buf, rtol=1e-5, atol=1e-6, msg=name)

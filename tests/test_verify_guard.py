@@ -503,6 +503,14 @@ def test_the_next_candidate_session_starts_before_its_check(tmp_path):
     assert ref.spare is None or not ref.spare.session.alive
 
 
+def test_a_model_that_keeps_state_between_calls_is_checked_not_taken_for_random():
+    """VanillaRNNHidden's forward assigns self.hidden: two calls of one copy differ, and the probe
+    for randomness (two calls on the same inputs) skipped its check as "random even in eval mode";
+    the probe now runs two fresh copies, and the check runs Model and ModelNew in lockstep."""
+    v = verify(path("ref_stateful"), path("honest_stateful"), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)
+
+
 def test_modelnew_is_built_under_models_seed():
     """A tensor Model's constructor draws outside its state_dict (KernelBench's LSTMs keep h0 =
     torch.randn(...)) came out different in ModelNew, so even an all-PyTorch ModelNew was rejected:

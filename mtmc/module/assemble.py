@@ -253,13 +253,17 @@ def _position(graph: fx.Graph):
 
 
 def _drop_dead(graph: fx.Graph, had_users: set[str]) -> None:
-    """Remove what only fed the replaced nodes (sizes, views, parameter reads); nodes that were
-    unused in the original stay, so nothing the user wrote changes its side effects."""
+    """Remove what only fed the replaced nodes (sizes, views, parameter reads, and submodule calls:
+    an identity a group read past, the layer whose output then fed nothing); nodes that were
+    unused in the original stay, so nothing the user wrote changes its side effects.  A submodule
+    call left in place ran twice: once in PyTorch for nothing, once in the group's kernel (a
+    training-mode BatchNorm then moved its running statistics twice)."""
     changed = True
     while changed:
         changed = False
         for n in reversed(list(graph.nodes)):
-            if n.op in ("call_function", "call_method", "get_attr") and not n.users and n.name in had_users:
+            if n.op in ("call_function", "call_method", "get_attr", "call_module") and not n.users \
+                    and n.name in had_users:
                 graph.erase_node(n)
                 changed = True
 

@@ -143,15 +143,16 @@ def _mode(model) -> tuple[str, list, bool]:
     Random even in eval mode, no output can be checked; a Model that rejects the interpreter's
     cut batch cannot be checked here either."""
     import torch
-    probe = copy.deepcopy(model)  # probing must not move the running statistics handed over
     inputs, cut = _draw(VARIANTS[0])
     # cut for the interpreter on the CPU; on a GPU because CUDA IPC is refused and tensors cross as files
     why = "Triton's interpreter" if _RUN["device"] == "cpu" else "the file exchange (no CUDA IPC here)"
     notes = [f"inputs cut along dim 0 to {[list(x.shape) for x in flat_tensors(inputs)]} for {why}"] if cut else []
     for mode in ("train", "eval"):
-        probe.train(mode == "train")
+        # two fresh copies from the state handed over: probing moves no running statistics, and a
+        # forward that keeps state (an RNN's self.hidden) is not taken for a random one
+        a, b = copy.deepcopy(model).train(mode == "train"), copy.deepcopy(model).train(mode == "train")
         try:
-            a, b = _eager(probe, inputs)[0], _eager(probe, inputs)[0]
+            a, b = _eager(a, inputs)[0], _eager(b, inputs)[0]
         except Exception as e:
             if cut:
                 raise ValueError(f"the inputs are too large for {why} and Model rejects a smaller "
