@@ -76,3 +76,30 @@ def test_near_misses_stay_pytorch_with_the_reason(tmp_path):
     assert "dim None" in why["softmax"] and "integer" in why["softmax"]
     assert why[".half()"] == "dtype casts are not fused"
     assert_model_new_matches(tmp_path, KEPT_COPY, cap, part)
+
+
+OUTER_DIFFERENCE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.exp(x[..., :, None] - x[..., None, :])
+
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_an_outer_difference_left_to_pytorch_says_why(tmp_path):
+    # Mamba2's segsum: both operands broadcast; the plan said "nothing to fuse it with"
+    cap, part = captured_source(tmp_path, OUTER_DIFFERENCE)
+    why = {t["op"].split(" ")[0]: t["why"] for t in part.torch_ops}
+    assert "both operands are broadcast" in why["sub"], part.torch_ops
+    assert_model_new_matches(tmp_path, OUTER_DIFFERENCE, cap, part)

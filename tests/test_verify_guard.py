@@ -503,6 +503,17 @@ def test_the_next_candidate_session_starts_before_its_check(tmp_path):
     assert ref.spare is None or not ref.spare.session.alive
 
 
+def test_the_state_a_forward_updates_must_follow_models():
+    """A training-mode BatchNorm moves its running statistics on every call; a ModelNew with the
+    right outputs that skips the update (or does it twice) leaves a different model behind."""
+    honest = verify(path("ref_batchnorm"), path("honest_batchnorm"), device="cpu", timeout_s=TIMEOUT_S)
+    assert honest["accepted"], format_verdict(honest)
+    assert {c["name"]: c["passed"] for c in honest["checks"]}["state_follows"] is True
+    cheat = verify(path("ref_batchnorm"), path("cheat_skips_running_stats"), device="cpu", timeout_s=TIMEOUT_S)
+    assert not cheat["accepted"] and set(failed(cheat)) == {"state_follows"}, format_verdict(cheat)
+    assert "bn.running_mean" in failed(cheat)["state_follows"], format_verdict(cheat)
+
+
 def test_a_model_that_keeps_state_between_calls_is_checked_not_taken_for_random():
     """VanillaRNNHidden's forward assigns self.hidden: two calls of one copy differ, and the probe
     for randomness (two calls on the same inputs) skipped its check as "random even in eval mode";

@@ -619,6 +619,19 @@ class Partitioner:
         parts = index if isinstance(index, (tuple, list)) else (index,)
         return any(isinstance(p, NodeRef) and self.g.tensor(p) is not None for p in parts)
 
+    def _broadcast_both(self, name: str) -> str | None:
+        """Why a two-tensor pointwise op with no operand of the result's shape stays PyTorch
+        (Mamba2's segsum x[..., :, None] - x[..., None, :], an outer difference)."""
+        s = self.sem.get(name)
+        if not isinstance(s, Pointwise) or s.binop is None or self.g.tensor(name) is None:
+            return None
+        shape = self.g.tensor(name)[0]
+        refs = [r for r in s.inputs if isinstance(r, NodeRef) and self.g.tensor(r) is not None]
+        if len(refs) == 2 and all(self.g.tensor(r)[0] != shape for r in refs):
+            return ("both operands are broadcast to a larger result (an outer sum or difference): a pointwise "
+                    "kernel here starts from a tensor of the result's shape; not done yet")
+        return None
+
     def torch_ops(self) -> list[dict]:
         """Nodes left to PyTorch that compute something (views, sizes and selections are free)."""
         free = {"view", "reshape", "permute", "transpose", "contiguous", "flatten", "unsqueeze", "squeeze",
@@ -637,7 +650,7 @@ class Partitioner:
             why = self.why.get(name) or ("indexing by a tensor (a gather) is outside the kernel catalog" if gather
                                          else known if known
                                          else "outside the kernel catalog" if name not in self.sem
-                                         else "nothing to fuse it with")
+                                         else self._broadcast_both(name) or "nothing to fuse it with")
             left.append({"node": name, "graph": self.g.path, "op": self.g.words(name), "why": why})
         return left
 

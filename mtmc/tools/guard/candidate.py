@@ -199,7 +199,9 @@ def trial_job(job: dict) -> dict:
         return {"obs": obs, "payload": None}
     watch.record(f"after trial {i + 1}")
     obs["trials"].append(seen)
-    _RUN["shared"] = {"outputs": outs, "inputs_after": _RUN["buffers"]}
+    _RUN["shared"] = {"outputs": outs, "inputs_after": _RUN["buffers"],
+                      # the state the forward leaves (a BatchNorm's running statistics), judged like Model's
+                      "state_after": {k: v.detach() for k, v in _RUN["new"].named_buffers()}}
     return {"obs": obs, "payload": share(_RUN["shared"], job["dir"], f"outputs{i}")}
 
 

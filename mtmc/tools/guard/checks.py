@@ -96,6 +96,17 @@ def inputs_unchanged(judged: list) -> dict:
     return check("inputs_unchanged", True, "every input is bit-for-bit what it was given")
 
 
+def state_follows(judged: list) -> dict:
+    """The state a forward leaves behind (a training-mode BatchNorm's running statistics and
+    batch count) must be Model's after every call: skipping the update, or doing it twice (a
+    layer left running beside the kernel that replaced it), changes every later eval-mode call."""
+    changed = [f"trial {i + 1}: {what}" for i, jd in enumerate(judged) for what in jd.get("state_changed", [])]
+    if changed:
+        return check("state_follows", False, "ModelNew's buffers after the call differ from Model's: "
+                     + ", ".join(changed[:4]))
+    return check("state_follows", True, "the buffers the forward updates match Model's after every call")
+
+
 def own_kernels(obs: dict, ref_ops: dict) -> dict:
     """The candidate must do the work in its own Triton kernels: a call that launches none, or
     that runs at least as many PyTorch compute ops as the reference itself, does it in PyTorch.

@@ -364,8 +364,30 @@ def judge_job(job: dict) -> dict:
         result["inputs_changed"] = [i for i, (g, a) in enumerate(zip(given, after)) if not _same_bits(g, a)]
         if len(after) != len(given):
             result["inputs_changed"].append(f"{len(after)} of {len(given)} inputs came back")
+    if "state_after" in got:
+        result["state_changed"] = _state_changes(got["state_after"])
     del got, outs  # release the candidate's shared memory before it goes on
     return result
+
+
+def _state_changes(after: dict) -> list[str]:
+    """Model's buffers after this variant's call (running statistics, a counter) against
+    ModelNew's: each one that differs, in words.  ModelNew took Model's state_dict, so the names
+    are Model's."""
+    import torch
+    out = []
+    for name, want in _RUN["model"].named_buffers():
+        got = after.get(name)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            out.append(f"{name} is missing or reshaped")
+            continue
+        got = got.to(want.device)
+        if want.is_floating_point():
+            if not torch.allclose(got.to(want.dtype), want, rtol=1e-3, atol=1e-5, equal_nan=True):
+                out.append(f"{name} (max abs difference {float((got.to(want.dtype) - want).abs().max()):.3g})")
+        elif not torch.equal(got, want):
+            out.append(f"{name} ({got.flatten()[:1].tolist()} where Model has {want.flatten()[:1].tolist()})")
+    return out
 
 
 def close_job(job: dict) -> dict:

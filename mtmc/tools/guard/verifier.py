@@ -202,7 +202,7 @@ def judge_candidate(obs: dict, metas: list, judged: list, timed: dict | None, n_
         ref_ops = metas[0]["ops"]
         correct, verdict["trials"], worst = C.correctness(judged, metas)
         verdict.update(worst)
-        checks += [C.inputs_unchanged(judged), C.no_alias(obs), C.output_format(obs, judged),
+        checks += [C.inputs_unchanged(judged), C.state_follows(judged), C.no_alias(obs), C.output_format(obs, judged),
                    C.own_kernels(obs, ref_ops), correct, C.result_caching(judged, metas),
                    C.precision(judged, all(m["float64"] for m in metas)), _roofline(metas, obs), C.timed_output(timed)]
     if metas:
