@@ -260,6 +260,11 @@ def test_a_forward_that_assigns_module_state_is_reported_and_its_parts_captured(
                                 "changes as it runs cannot be captured as a graph"}]
     assert [g["path"] for g in cap["graphs"]] == ["i2h", "act"]
     assert [g.family for g in part.groups] == ["matmul", "elementwise"]
+    # the run's text says what that means: the forward's own ops (here the cat) run in PyTorch
+    from mtmc.agents import events as E
+    from mtmc.agents.events.text import lines
+    line = " ".join(lines(E.Captured(graphs=cap["graphs"], problems=cap["problems"])))
+    assert "runs in PyTorch" in line and "Model.forward" in line, line
 
 
 @pytest.mark.parametrize("cls, kwargs", [

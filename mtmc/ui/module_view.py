@@ -9,6 +9,7 @@ from html import escape
 import pandas as pd
 
 from mtmc.agents import events as E
+from mtmc.agents.events.text import UNCAPTURED
 from mtmc.module.report import rewrite_answer
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.ui.plots import kernel_point, time_table
@@ -67,7 +68,7 @@ class ModuleStream:
                 self.histories[gid] = ev.history_id
             self.groups[gid].feed(ev)
         elif isinstance(ev, E.Captured):
-            problems = [f"- could not capture {p.get('path') or 'Model.forward'}: {p.get('reason')}"
+            problems = [f"- could not capture {p.get('path') or 'Model.forward'}: {p.get('reason')}{UNCAPTURED}"
                         for p in ev.problems or []]
             self._blocks.append(say("\n".join([f"**Captured** {len(ev.graphs or [])} graph(s) "
                                                "in a sandboxed child process.", *problems])))

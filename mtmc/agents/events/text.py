@@ -90,11 +90,16 @@ def _retrieved(ev: E.Retrieved) -> list[str]:
             + (f" ({ev.note})" if ev.note and not found else "")]
 
 
+# what an uncaptured forward means for the run: its submodules are captured on their own
+UNCAPTURED = "; its own code outside the submodules captured on their own runs in PyTorch"
+
+
 def _captured(ev: E.Captured) -> list[str]:
     out = []
     for p in ev.problems:
         what = f"submodule {p['path']}" if p["path"] else "Model.forward"
-        out.append(f"could not capture {what}: {p['reason']}" + (f" (at {p['where']})" if p["where"] else ""))
+        out.append(f"could not capture {what}: {p['reason']}" + (f" (at {p['where']})" if p["where"] else "")
+                   + UNCAPTURED)
     return out
 
 
