@@ -200,3 +200,23 @@ def test_outer_product_is_a_matmul_with_k_1_not_an_elementwise_mul():
     assert s.family == "matmul" and s.dims == {"M": 1024, "N": 512, "K": 1}
     assert spec_of("outer product of two vectors of length 1024").dims == {"M": 1024, "N": 1024, "K": 1}
     assert not parse_request("outer product of 4096x4096").ok
+
+
+def test_gelu_approximate_tanh_keyword_is_one_step():
+    s = spec_of("gelu approximate='tanh' on 4096x4096")
+    assert [st["op"] for st in s.params["chain"]] == ["gelu_tanh"]
+
+
+@pytest.mark.parametrize("text,stride,padding", [
+    ("conv2d 3x3 s2 p1 on 8x32x64x64 -> 64 channels", [2, 2], [[1, 1], [1, 1]]),
+    ("maxpool 3x3 s2 on 16x64x112x112", [2, 2], None),
+])
+def test_stride_and_padding_shorthands(text, stride, padding):
+    # "s2 p1" were dropped in silence: the conv ran with stride 1 and no padding
+    p = spec_of(text).params
+    assert p["stride"] == stride and (padding is None or p["padding"] == padding)
+
+
+def test_a_tensor_methods_numbers_are_its_arguments_not_a_shape():
+    s = spec_of("x.clamp(0, 1) for 512x512")
+    assert s.dims == {"M": 512, "N": 512} and [st["op"] for st in s.params["chain"]] == ["clamp_min", "clamp_max"]

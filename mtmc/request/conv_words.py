@@ -33,14 +33,16 @@ _EQ = r"\s*(?:=|:|of|is)?\s*"
 _WORDS = {  # key: patterns whose group v holds the value(s); taken in this order
     "output_padding": [rf"\boutput[\s_-]*padding{_EQ}(?P<v>{_SIZES})"],
     "padding": [rf"\b(?:zero[\s_-]*)?pad(?:ding|ded)?(?:\s+by)?{_EQ}(?P<v>same|valid|{_SIZES})",
-                r"\b(?P<v>same|valid)[\s_-]+padding\b"],
+                r"\b(?P<v>same|valid)[\s_-]+padding\b", r"\bp(?P<v>\d+)\b"],
     "kernel": [rf"\bkernel(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})",
                rf"\b(?P<v>\d+(?:\s*[x*]\s*\d+)+)[\s-]+(?:kernel|filter|window)s?\b", rf"\b(?P<v>{_N})[\s-]+kernel\b",
                rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:{_KIND}[\s_-]+)*(?:conv|deconv))",
                # right after the conv word: "conv2d 3x3 stride 2" (the conv word itself stays)
                rf"(?:\bconv|\bdeconv)\w*\s+(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}}){{0,2}})(?![\w.]|\s*x)"],
-    "stride": [rf"\bstrides?(?:\s+by)?{_EQ}(?P<v>{_SIZES})", rf"\bstrided\s+by\s+(?P<v>{_SIZES})"],
-    "dilation": [rf"\bdilat(?:ion|ed)(?:\s+by)?{_EQ}(?P<v>{_SIZES})"],
+    # "conv2d 3x3 s2 p1": s / p / d shorthands (a conv's or pool's own words only)
+    "stride": [rf"\bstrides?(?:\s+by)?{_EQ}(?P<v>{_SIZES})", rf"\bstrided\s+by\s+(?P<v>{_SIZES})",
+               r"\bs(?P<v>\d+)\b"],
+    "dilation": [rf"\bdilat(?:ion|ed)(?:\s+by)?{_EQ}(?P<v>{_SIZES})", r"\bd(?P<v>[1-9]\d?)\b(?![\s_-]*(?:conv|pool))"],
     "groups": [rf"\bgroups?{_EQ}(?P<v>{_N})", rf"\b(?P<v>{_N})\s+groups\b"],
 }
 _CHANNELS = [  # (pattern, which channel counts its groups give)

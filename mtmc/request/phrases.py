@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from mtmc.kernels.spec import DTYPE_ALIASES
-from mtmc.request.reading import INT, NUM, _Ctx, _Fail, _number, _rx
+from mtmc.request.reading import INT, NUM, VARS, _Ctx, _Fail, _number, _rx
 
 
 # -- phase 1: nn.Linear calls, context phrases, negations, clamps --------------------------
@@ -194,6 +194,9 @@ def _read_sizes(ctx: _Ctx) -> None:
     ctx.calls = []
     for pattern, split in ((_TUPLE, r"[^\dkm]+"), (_XSHAPE, r"\s*[x*]\s*")):
         for m in ctx.take(pattern):
+            if pattern == _TUPLE and _rx(rf"(?<![\w.])(?:{VARS})\.[a-z_]\w*$").search(ctx.norm[:m.start()]):
+                ctx.s = ctx.s[:m.start()] + m.group(0) + ctx.s[m.end():]   # x.clamp(0, 1): arguments, no shape
+                continue
             _add_shape(ctx, m, [t for t in re.split(split, m.group(0)) if t])
     for m in ctx.take(_NAMED):
         for dim in re.findall(r"[bmnk]", m.group("dims")):

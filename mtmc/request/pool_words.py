@@ -28,7 +28,7 @@ _POOL = rf"\b{_KIND}[\s_-]*pool(?:ing|s)?(?:[\s_-]*(?P<rank>[123])[\s_-]?d)?\b"
 _WORDS = {  # key: patterns whose group v holds the value(s); taken in this order
     "output": [rf"\boutput[\s_-]*(?:size|shape)?{_EQ}(?P<v>{_SIZES})",
                rf"(?<=pool)(?:ing)?\s+(?:down\s+)?to\s+(?P<v>{_SIZES})"],
-    "padding": _CONV_WORDS["padding"][:1],
+    "padding": [_CONV_WORDS["padding"][0], _CONV_WORDS["padding"][2]],   # "padding 1", "p1"
     "kernel": [rf"\b(?:kernel|window)(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})",
                rf"\b(?P<v>\d+(?:\s*[x*]\s*\d+)*)[\s-]+(?:kernel|window)s?\b",
                rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:adaptive|global)?[\s_-]*(?:max|average|avg|mean)"

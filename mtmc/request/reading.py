@@ -118,14 +118,16 @@ _TENSOR_VAR = rf"(?<![\w.])(?:{VARS})(?=\s*(?:[-,)*+/^@]|\*\*|\.\w|$))"
 
 
 def _tensor_calls(text: str) -> list[tuple[int, int]]:
-    """Spans of `name(...)` whose arguments name a tensor (x, y, input ...): formulas."""
+    """Spans of `name(...)` whose arguments name a tensor (x, y, input ...), or that are a method of
+    one (`x.clamp(0, 1)`: its numbers are no shape): formulas."""
     spans = []
     for m in _rx(_CALL_OPEN).finditer(text):
         depth, end = 1, m.end()
         while end < len(text) and depth:
             depth += {"(": 1, ")": -1}.get(text[end], 0)
             end += 1
-        if depth == 0 and _rx(_TENSOR_VAR).search(text[m.end():end - 1]):
+        method = _rx(rf"(?:{VARS})\.").match(text, m.start()) is not None
+        if depth == 0 and (method or _rx(_TENSOR_VAR).search(text[m.end():end - 1])):
             spans.append((m.start(), end))
     return spans
 

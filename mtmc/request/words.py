@@ -119,7 +119,8 @@ _OPERAND_STEPS = [
 ]
 _UNARY_WORDS = [  # specific before general: "gelu with tanh approximation" is neither gelu nor tanh
     (r"relu[\s_-]?6", [{"op": "clamp_min", "value": 0.0}, {"op": "clamp_max", "value": 6.0}]),
-    (r"gelu[\s_-]*(?:\(\s*)?(?:(?:with|using)\s+)?(?:the\s+|a\s+)?tanh(?:[\s_-]*approx\w*)?(?:\s*\))?"
+    (r"gelu[\s_-]*(?:\(\s*)?(?:approximate\s*=\s*['\"]?tanh['\"]?\s*\)?"
+     r"|(?:(?:with|using)\s+)?(?:the\s+|a\s+)?tanh(?:[\s_-]*approx\w*)?(?:\s*\))?)"
      r"|(?:tanh|approx\w*|fast)[\s_-]+(?:approximat\w*\s+)?gelu|gelu[\s_-]+approx\w*", [{"op": "gelu_tanh"}]),
     (r"gelu(?:\s*\(?\s*(?:exact|erf)\s*\)?)?", [{"op": "gelu"}]),
     (r"silu|swish", [{"op": "silu"}]),
