@@ -220,3 +220,16 @@ def test_stride_and_padding_shorthands(text, stride, padding):
 def test_a_tensor_methods_numbers_are_its_arguments_not_a_shape():
     s = spec_of("x.clamp(0, 1) for 512x512")
     assert s.dims == {"M": 512, "N": 512} and [st["op"] for st in s.params["chain"]] == ["clamp_min", "clamp_max"]
+
+
+@pytest.mark.parametrize("text,pro,epi", [
+    ("the 2-norm of every row of 1000x300", ["square"], ["sqrt"]),
+    ("the l2 norm of each row of a 4096x768 fp16 matrix", ["square"], ["sqrt"]),
+    ("l1 norm of each row of 512x1024", ["abs"], []),
+])
+def test_the_norm_of_each_row_is_its_value_not_a_normalization(text, pro, epi):
+    s = spec_of(text)
+    assert (s.family, s.op) == ("reduction", "sum")
+    assert [st["op"] for st in s.params.get("prologue", [])] == pro
+    assert [st["op"] for st in s.params.get("epilogue", [])] == epi
+    assert spec_of("l2 normalize the rows of a 32768x65535 tensor").op == "l2norm"

@@ -22,7 +22,7 @@ from mtmc.kernels.spec import KernelSpec
 from mtmc.request.phrases import _AFFINE, _NO_AFFINE
 from mtmc.request.build import _around_core, _dtype, _row_spec, _steps, _values, _x
 from mtmc.request.conv_words import channels_agree
-from mtmc.request.reading import _Ctx, _Fail, _Item
+from mtmc.request.reading import _Ctx, _Fail, _Item, _rx
 
 _OPS = [  # (pattern, op); specific before general
     (r"\bbatch[\s_-]*norm(?:ali[sz]ation)?(?:[\s_-]*[123]d)?\b|\bbn\b", "batchnorm"),
@@ -39,8 +39,36 @@ OPS = tuple(op for _, op in _OPS)
 _N = r"\d+(?![\w.])"
 
 
+# "the L2 norm of each row": the norms themselves (one value per row), not a normalization
+_NORM_VALUE = (r"\b(?P<p>l2|l1|2|1|euclidean|manhattan)[\s_-]*norms?\s+of\s+(?:each|every|all\s+the|the)\s+"
+               r"(?:rows?|vectors?)\b")
+
+
+def _norm_values(ctx: _Ctx) -> bool:
+    """The norm of each row as a sum reduction: of squares then a square root (L2), of absolute
+    values (L1).  Only where the request does not also normalize (divide by it)."""
+    if _rx(r"normali|\bdivid").search(ctx.norm):
+        return False
+    found = ctx.take(_NORM_VALUE)
+    if not found:
+        return False
+    m = found[0]
+    l2 = m.group("p") in ("l2", "2", "euclidean")
+    ctx.items.append(_Item(m.start(), m.end(), m.group(0).strip(), family="reduction", op="sum"))
+    ctx.items.append(_Item(m.start() + 0.001, m.end(), m.group(0).strip(), step={"op": "square" if l2 else "abs"},
+                           formula=True, pre=True))
+    if l2:
+        ctx.items.append(_Item(m.end() + 0.001, m.end(), m.group(0).strip(), step={"op": "sqrt"}, formula=True))
+    ctx.reduce_dim = "last"
+    ctx.note("ops", f"{m.group(0).strip()!r} -> {'sqrt of the sum of squares' if l2 else 'sum of absolute values'}"
+                    " over each row (the norms; 'normalize' divides by them)")
+    return True
+
+
 def read_norm(ctx: _Ctx) -> None:
     """Take a norm request's own words (nothing when it names none of these norms)."""
+    if _norm_values(ctx):
+        return
     found = [(m, op) for pattern, op in _OPS for m in ctx.take(pattern)]
     if not found:
         return
