@@ -233,3 +233,12 @@ def test_the_norm_of_each_row_is_its_value_not_a_normalization(text, pro, epi):
     assert [st["op"] for st in s.params.get("prologue", [])] == pro
     assert [st["op"] for st in s.params.get("epilogue", [])] == epi
     assert spec_of("l2 normalize the rows of a 32768x65535 tensor").op == "l2norm"
+
+
+def test_depthwise_separable_is_two_convs_and_refused_as_one():
+    res = parse_request("depthwise separable convolution on 8x32x64x64")
+    assert not res.ok and "two convolutions" in res.message   # was served as the depthwise half alone
+
+
+def test_no_dropout_is_context():
+    assert spec_of("softmax with no dropout on a 2048x2048 tensor").op == "softmax"

@@ -77,6 +77,9 @@ def read_conv(ctx: _Ctx) -> None:
     """Take a conv request's own words (nothing when it names no convolution)."""
     if not _rx(_CONV).search(ctx.s):
         return
+    if _rx(r"\bseparable\b").search(ctx.s):
+        raise _Fail("a depthwise separable convolution is two convolutions (a depthwise one, then a pointwise "
+                    "1x1 one); I write one kernel per request: ask for them one at a time, or upload the module.")
     conv: dict = {"rank": None, "transposed": False, "depthwise": False, "pointwise": False}
     ctx.conv = conv
     read_length(ctx)

@@ -19,6 +19,7 @@ _CONTEXT = [
     rf"\b(?:accumulat\w*|accum)\s+(?:in\s+)?(?:{_DTYPE_WORD})\b|\b(?:{_DTYPE_WORD})\s+accumulat\w*",
     r"\b(?:int32|int64)\s+(?:indices|index)\b",
     r"\b[1-9][\s-]?d\b(?!\s*[=:])",                     # "a 3d tensor", "2-d"
+    r"\b(?:no|without|w/o)\s+dropout\b|\bdropout[\s_-]*free\b|\bdropout\s*(?:=|of|p\s*=)\s*0(?:\.0*)?(?![\d.])",
 ]
 _NEGATION = (r"\b(?:without|no|w/o)\s+(?:an?\s+|any\s+)?(?P<what>bias|residual)\b"
              r"|\b(?P<what2>bias)\s*=\s*false\b")
