@@ -201,7 +201,7 @@ def trial_job(job: dict) -> dict:
     obs["trials"].append(seen)
     _RUN["shared"] = {"outputs": outs, "inputs_after": _RUN["buffers"],
                       # the state the forward leaves (a BatchNorm's running statistics), judged like Model's
-                      "state_after": {k: v.detach() for k, v in _RUN["new"].named_buffers()}}
+                      "state_after": {k: v.detach() for k, v in _RUN["new"].named_buffers()} if i == 0 else None}
     return {"obs": obs, "payload": share(_RUN["shared"], job["dir"], f"outputs{i}")}
 
 

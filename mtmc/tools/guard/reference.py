@@ -289,6 +289,10 @@ def variant_job(job: dict) -> dict:
         variant = VARIANTS[0]
         inputs, _ = _draw(variant)
         eager, ops = _eager(model, inputs)
+    # Model's state after its first call, before anything else runs it (the eager timing below runs
+    # it again, as the candidate's timing does ModelNew): what ModelNew's first call must leave
+    _RUN["state_after"] = ({k: v.detach().clone() for k, v in model.named_buffers()} if job["index"] == 0
+                           else None)
     truth, how = _float64(model, _RUN["model64"], inputs, eager, _RUN["device"])
     if truth is None or len(truth) != len(eager):
         notes.append(f"{how}: outputs are judged against eager PyTorch")
@@ -364,19 +368,21 @@ def judge_job(job: dict) -> dict:
         result["inputs_changed"] = [i for i, (g, a) in enumerate(zip(given, after)) if not _same_bits(g, a)]
         if len(after) != len(given):
             result["inputs_changed"].append(f"{len(after)} of {len(given)} inputs came back")
-    if "state_after" in got:
-        result["state_changed"] = _state_changes(got["state_after"])
+    if got.get("state_after") is not None and _RUN.get("state_after") is not None:
+        result["state_changed"] = _state_changes(got["state_after"], _RUN["state_after"])
+        _RUN["state_after"] = None
     del got, outs  # release the candidate's shared memory before it goes on
     return result
 
 
-def _state_changes(after: dict) -> list[str]:
-    """Model's buffers after this variant's call (running statistics, a counter) against
-    ModelNew's: each one that differs, in words.  ModelNew took Model's state_dict, so the names
-    are Model's."""
+def _state_changes(after: dict, model_after: dict) -> list[str]:
+    """Model's buffers after its first call (running statistics, a counter) against ModelNew's
+    after its first: each one that differs, in words.  ModelNew took Model's state_dict, so the
+    names are Model's.  Only the first call is compared: on a GPU both sides are then timed, a
+    different number of calls each."""
     import torch
     out = []
-    for name, want in _RUN["model"].named_buffers():
+    for name, want in model_after.items():
         got = after.get(name)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             out.append(f"{name} is missing or reshaped")
