@@ -242,3 +242,15 @@ def test_depthwise_separable_is_two_convs_and_refused_as_one():
 
 def test_no_dropout_is_context():
     assert spec_of("softmax with no dropout on a 2048x2048 tensor").op == "softmax"
+
+
+@pytest.mark.parametrize("text", [
+    "subtract the row max from each row of 1024x1024 then exp",   # was served as exp alone
+    "exp(x) / sum(exp(x)) over rows of 1024x512",                 # was exp times 1/sum over the probe's points
+])
+def test_a_reduction_inside_a_pointwise_request_is_refused_not_dropped(text):
+    assert not parse_request(text).ok
+
+
+def test_subtracting_the_max_still_describes_a_softmax():
+    assert spec_of("softmax over rows of a 1024x1024 tensor, subtracting the row max first").op == "softmax"

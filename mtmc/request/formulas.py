@@ -578,6 +578,8 @@ def _written_out(node, main: str) -> list[dict] | None:
     """The vocabulary's one-input op (then a scale, when it is that op times a number) whose
     values equal the formula's over [-8, 8], or None."""
     import torch
+    if set(_leaves(node, "call")) & set(_CORE_FUNCS):
+        return None   # a reduction over the probe's points is no pointwise value: exp(x) / sum(exp(x))
     x = torch.linspace(*_PROBE, dtype=torch.float64)
     f = _evaluate(node, main, x)
     if not isinstance(f, torch.Tensor) or f.shape != x.shape or not bool(torch.isfinite(f).all()):

@@ -14,13 +14,15 @@ _DTYPE_WORD = r"(?:fp|float|bf|bfloat)[\s_-]?(?:16|32)|half|single|float|f16|f32
 _CONTEXT = [
     # Words that describe a kernel's inside or its data, not an op to add.
     r"\battention\s+(?:scores|logits|weights|probs|probabilities|matrix|map)\b",
-    r"\bsubtract(?:s|ing)?\s+the\s+(?:row\s+|running\s+)?(?:max|maximum|mean)\b",
     r"\bmax[\s_-]*subtraction\b|\bnumerically\s+stable\b|\bmean\s+and\s+var(?:iance)?\b",
     rf"\b(?:accumulat\w*|accum)\s+(?:in\s+)?(?:{_DTYPE_WORD})\b|\b(?:{_DTYPE_WORD})\s+accumulat\w*",
     r"\b(?:int32|int64)\s+(?:indices|index)\b",
     r"\b[1-9][\s-]?d\b(?!\s*[=:])",                     # "a 3d tensor", "2-d"
     r"\b(?:no|without|w/o)\s+dropout\b|\bdropout[\s_-]*free\b|\bdropout\s*(?:=|of|p\s*=)\s*0(?:\.0*)?(?![\d.])",
 ]
+# "subtract the row max" describes a softmax's or a norm's inside; alone it is an op of its own
+# (x - max(x)), which the catalog has no kernel for: refused, not dropped
+_SUBTRACT_STAT = r"\bsubtract(?:s|ing)?\s+the\s+(?:row\s+|running\s+)?(?:max|maximum|mean)\b"
 _NEGATION = (r"\b(?:without|no|w/o)\s+(?:an?\s+|any\s+)?(?P<what>bias|residual)\b"
              r"|\b(?P<what2>bias)\s*=\s*false\b")
 _NO_AFFINE = (r"\b(?:without|no)\s+(?:an?\s+|the\s+)?(?:affine|learn\w+\s+(?:weights?|parameters|params)"
@@ -46,6 +48,9 @@ _LINEAR_CALL = (rf"\b(?:nn\.)?linear\s*\(\s*(?:in_features\s*=\s*)?({INT})\s*,\s
 
 
 def _read_context(ctx: _Ctx) -> None:
+    if _rx(r"soft[\s_-]?max|norm").search(ctx.s):   # how a softmax or a norm works inside, not an op to add
+        for m in ctx.take(_SUBTRACT_STAT):
+            ctx.note("context", m.group(0).strip())
     for m in ctx.take(_LINEAR_CALL):   # first: its bias=False belongs to the call, not a negation
         _linear_call(ctx, m)
     for pattern in _CONTEXT:
