@@ -5,12 +5,7 @@ import pytest
 
 from mtmc.request.parse import parse_request
 from mtmc.request.torch_calls import rewrite_calls
-
-
-def spec_of(text):
-    res = parse_request(text)
-    assert res.ok, res.message
-    return res.spec
+from tests.test_parse_phrasings import spec_of
 
 
 def test_conv_module_positional_and_keyword_arguments():

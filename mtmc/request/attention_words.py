@@ -48,8 +48,6 @@ def read_attention(ctx: _Ctx) -> None:
         return
     att: dict = {"mask": None}
     ctx.attention = att
-    for m in ctx.take(rf"\b(?:no|without)\s+dropout\b|\bdropout[\s_-]*free\b|\bdropout{_EQ}0(?:\.0*)?(?![\d.])"):
-        ctx.note("attention", m.group(0).strip())
     if ctx.take(rf"\bdropout(?:[\s_-]*(?:p|prob\w*|rate))?{_EQ}{NUM}|\b{NUM}\s+dropout\b"):
         raise _Fail("attention dropout is random; the kernel computes dropout 0 only (inference).")
     for m in ctx.take(rf"\b(?:softmax[\s_-]+)?scal(?:e|ing)(?:[\s_-]*factor)?{_EQ}(?P<v>{NUM})"):

@@ -18,7 +18,9 @@ _CONTEXT = [
     rf"\b(?:accumulat\w*|accum)\s+(?:in\s+)?(?:{_DTYPE_WORD})\b|\b(?:{_DTYPE_WORD})\s+accumulat\w*",
     r"\b(?:int32|int64)\s+(?:indices|index)\b",
     r"\b[1-9][\s-]?d\b(?!\s*[=:])",                     # "a 3d tensor", "2-d"
-    r"\b(?:no|without|w/o)\s+dropout\b|\bdropout[\s_-]*free\b|\bdropout\s*(?:=|of|p\s*=)\s*0(?:\.0*)?(?![\d.])",
+    # dropout 0 (attention's words ask for no more than this): "no dropout", "dropout p = 0"
+    r"\b(?:no|without|w/o)\s+dropout\b|\bdropout[\s_-]*free\b"
+    r"|\bdropout(?:[\s_-]*(?:p|prob\w*|rate))?\s*(?:=|:|of|is)?\s*0(?:\.0*)?(?![\d.])",
 ]
 # "subtract the row max" describes a softmax's or a norm's inside; alone it is an op of its own
 # (x - max(x)), which the catalog has no kernel for: refused, not dropped

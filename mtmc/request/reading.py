@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from mtmc.kernels import pointwise
-from mtmc.request.torch_calls import rewrite_calls
+from mtmc.request.torch_calls import closing, rewrite_calls
 
 
 DEFAULT_SIZE = 4096                      # rows, width or M=N=K when none is given (always stated)
@@ -122,12 +122,9 @@ def _tensor_calls(text: str) -> list[tuple[int, int]]:
     one (`x.clamp(0, 1)`: its numbers are no shape): formulas."""
     spans = []
     for m in _rx(_CALL_OPEN).finditer(text):
-        depth, end = 1, m.end()
-        while end < len(text) and depth:
-            depth += {"(": 1, ")": -1}.get(text[end], 0)
-            end += 1
+        end = closing(text, m.end(), {"(": 1, ")": -1})
         method = _rx(rf"(?:{VARS})\.").match(text, m.start()) is not None
-        if depth == 0 and (method or _rx(_TENSOR_VAR).search(text[m.end():end - 1])):
+        if end is not None and (method or _rx(_TENSOR_VAR).search(text[m.end():end - 1])):
             spans.append((m.start(), end))
     return spans
 

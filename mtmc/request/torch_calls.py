@@ -73,14 +73,17 @@ class _Unsaid(Exception):
     """An argument the words cannot carry: the call stays as written."""
 
 
+_CALL = re.compile(rf"{_PREFIX}(?P<name>{'|'.join(sorted({*_MODULES, *_FUNCTIONS}, key=len, reverse=True))})\s*\("
+                   rf"|{_METHOD}(?P<meth>{'|'.join(_METHODS)})\s*\(")
+
+
 def rewrite_calls(text: str) -> str:
     """`text` (lowercased) with every PyTorch call this module knows replaced by its words."""
-    names = "|".join(sorted({*_MODULES, *_FUNCTIONS}, key=len, reverse=True))
     out, pos = [], 0
-    for m in re.finditer(rf"{_PREFIX}(?P<name>{names})\s*\(|{_METHOD}(?P<meth>{'|'.join(_METHODS)})\s*\(", text):
+    for m in _CALL.finditer(text):
         if m.start() < pos:
             continue
-        end = _closing(text, m.end())
+        end = closing(text, m.end())
         if end is None:
             continue
         args = _split_args(text[m.end():end - 1])
@@ -95,10 +98,15 @@ def rewrite_calls(text: str) -> str:
     return "".join(out) + text[pos:]
 
 
-def _closing(text: str, start: int) -> int | None:
+_PARENS_AND_BRACKETS = {"(": 1, ")": -1, "[": 1, "]": -1}
+
+
+def closing(text: str, start: int, depths: dict = _PARENS_AND_BRACKETS) -> int | None:
+    """The index just past the bracket closing the one open before `start` (None if it never
+    closes); `depths` says which characters open (+1) and close (-1)."""
     depth, i = 1, start
     while i < len(text) and depth:
-        depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(text[i], 0)
+        depth += depths.get(text[i], 0)
         i += 1
     return i if depth == 0 else None
 

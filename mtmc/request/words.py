@@ -45,7 +45,6 @@ _UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine
 _LAYOUT_NK = (r"\btranspos\w*\s+(?:the\s+)?(?:weight|w|b|rhs|second\s+(?:matrix|operand))\b"
               r"|\b(?:weight|w|b|rhs)\s+(?:is\s+|stored\s+)?transposed\b|\bnk\s+layout\b"
               r"|\bb_layout\s*=?\s*['\"]?nk['\"]?")
-_MATMUL_WORDS = MATMUL_WORDS
 _CORES = [  # (pattern, family, op); specific before general ("log softmax" is not also "softmax")
     (r"\blog[\s_-]*soft[\s_-]?max\b|\blogsoftmax\b|\blog\s+of\s+(?:the\s+|a\s+)?soft[\s_-]?max\b", "softmax",
      "log_softmax"),
@@ -53,8 +52,8 @@ _CORES = [  # (pattern, family, op); specific before general ("log softmax" is n
     (r"\brms[\s_-]*norm\w*|\broot[\s_-]+mean[\s_-]+squared?[\s_-]+norm\w*", "norm", "rmsnorm"),
     (r"\blayer[\s_-]*norm\w*", "norm", "layernorm"),
     (r"\bnormali[sz]\w*|\bnorms?\b", "norm", None),
-    (rf"\b(?:bmm|batch(?:ed)?[\s_-]*{_MATMUL_WORDS})\b", "matmul", "bmm"),
-    (rf"\b{_MATMUL_WORDS}\b", "matmul", "matmul"),
+    (rf"\b(?:bmm|batch(?:ed)?[\s_-]*{MATMUL_WORDS})\b", "matmul", "bmm"),
+    (rf"\b{MATMUL_WORDS}\b", "matmul", "matmul"),
     (r"\bnn\.linear\b|\blinear(?:[\s_-]+(?:layer|projection|transform\w*))?\b|\bdense[\s_-]+layer\b"
      r"|\bfully[\s_-]*connected(?:[\s_-]+layer)?\b", "matmul", "linear"),
     (r"\barg[\s_-]?max\b", "reduction", "argmax"),

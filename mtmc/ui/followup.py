@@ -53,9 +53,14 @@ def _number(pattern: re.Pattern, text: str) -> int | None:
 def interpret(text: str, last_spec: dict | None, alternative: dict | None = None, ran: bool = False) -> FollowUp:
     """Classify `text` given the conversation's last spec (None before the first run, or after a
     module run), that request's other reading, if it had one, and whether anything ran yet."""
-    if WHY.search(text) or ((ran or last_spec) and _about_the_run(text)):
-        return FollowUp("why", step=_number(STEP, text), group=_number(GROUP, text),
-                        fusion=bool(FUSION.search(text)))
+    why = FollowUp("why", step=_number(STEP, text), group=_number(GROUP, text), fusion=bool(FUSION.search(text)))
+    if WHY.search(text):
+        return why
+    parsed = None   # the parser's reading, made once and only where it is needed
+    if (ran or last_spec) and _QUESTION.search(text) and not _CAPABILITIES.search(text):
+        parsed = parse_request(text)
+        if _about_the_run(parsed.understood):
+            return why
     if not last_spec:
         return FollowUp("new")
     if READING.search(text):
@@ -64,7 +69,7 @@ def interpret(text: str, last_spec: dict | None, alternative: dict | None = None
                                                "(a size, a dtype) or ask anew.")
         spec = KernelSpec.from_dict(alternative)
         return FollowUp("reading", spec=spec.to_dict(), changes=[f"the other reading: {describe(spec)}"])
-    parsed = parse_request(text)
+    parsed = parsed or parse_request(text)
     understood = parsed.understood
     if understood.get("ops") and not (understood.keys() & {"shapes", "sizes"}):
         # "now layernorm instead": the new op on the last run's tensor, not the parser's default shape
@@ -89,12 +94,8 @@ _QUESTION = re.compile(r"\?\s*$|^\s*(?:what|how|which|when|where|did|does|do|is|
 _CAPABILITIES = re.compile(r"\bwhat\s+(?:else\s+)?(?:can|could)\s+you\b|\bwhat\s+do\s+you\s+(?:support|do)\b", re.I)
 
 
-def _about_the_run(text: str) -> bool:
-    if not _QUESTION.search(text):
-        return False
-    if _CAPABILITIES.search(text):
-        return False
-    understood = parse_request(text).understood
+def _about_the_run(understood: dict) -> bool:
+    """A question (see _QUESTION) whose words the parser found no op, dtype or size in."""
     return not (understood.keys() & {"ops", "formula", "dtype", "sizes", "shapes"})
 
 

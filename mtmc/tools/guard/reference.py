@@ -150,9 +150,9 @@ def _mode(model) -> tuple[str, list, bool]:
     for mode in ("train", "eval"):
         # two fresh copies from the state handed over: probing moves no running statistics, and a
         # forward that keeps state (an RNN's self.hidden) is not taken for a random one
-        a, b = copy.deepcopy(model).train(mode == "train"), copy.deepcopy(model).train(mode == "train")
+        copies = [copy.deepcopy(model).train(mode == "train") for _ in range(2)]
         try:
-            a, b = _eager(a, inputs)[0], _eager(b, inputs)[0]
+            a, b = (_eager(c, inputs)[0] for c in copies)
         except Exception as e:
             if cut:
                 raise ValueError(f"the inputs are too large for {why} and Model rejects a smaller "
@@ -387,10 +387,10 @@ def _state_changes(after: dict, model_after: dict) -> list[str]:
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             out.append(f"{name} is missing or reshaped")
             continue
-        got = got.to(want.device)
+        got = got.to(want.device, want.dtype)
         if want.is_floating_point():
-            if not torch.allclose(got.to(want.dtype), want, rtol=1e-3, atol=1e-5, equal_nan=True):
-                out.append(f"{name} (max abs difference {float((got.to(want.dtype) - want).abs().max()):.3g})")
+            if not torch.allclose(got, want, rtol=1e-3, atol=1e-5, equal_nan=True):
+                out.append(f"{name} (max abs difference {float((got - want).abs().max()):.3g})")
         elif not torch.equal(got, want):
             out.append(f"{name} ({got.flatten()[:1].tolist()} where Model has {want.flatten()[:1].tolist()})")
     return out
