@@ -182,3 +182,43 @@ def test_a_0d_parameter_in_a_conv_tail_is_one_value_read_at_run_time(tmp_path):
     (g,) = assert_one_value_read_at_run_time(tmp_path, source, torch.tensor(-0.75))
     assert g.spec["params"]["epilogue"] == [{"op": "bias"}, {"op": "mul", "scalar": True}, {"op": "relu"}]
     assert g.inputs[3] == {"arg": 3, "view": "scalar"} and g.args[3] == {"node": "p"}   # the parameter itself
+
+
+_METADATA_READERS = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.ConvTranspose2d(3, 4, 3, stride=2)
+
+    def forward(self, x):
+        y = self.conv(x) + 0.5
+        y = torch.min(y, torch.tensor(0.0, device=y.device))   # KernelBench L2 93's constant
+        n = y.size(0)
+        z = torch.nn.functional.gelu(y) * 2.0
+        return z.reshape(n, -1) + z.sum(-1).reshape(n, -1).mean()
+
+def get_inputs():
+    return [torch.rand(2, 3, 5, 6)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_metadata_readers_do_not_end_a_conv_epilogue(tmp_path):
+    """`x.device` and `x.size(0)` read no data: the chain after the conv runs on through them (it
+    stopped at the add, whose `.device` looked like a second user, leaving min, gelu and mul to a
+    pass of their own on the H100), and ModelNew reads the size from the kernel's output instead
+    of running the conv in PyTorch too."""
+    cap, part = captured_source(tmp_path, _METADATA_READERS)
+    conv = part.groups[0]
+    assert [op.split(" (")[0] for op in conv.ops] == ["ConvTranspose2d conv", "add", "min", "gelu", "mul"]
+    assert conv.spec["params"]["epilogue"][-3:] == [{"op": "clamp_max", "value": 0.0}, {"op": "gelu"},
+                                                   {"op": "scale", "value": 2.0}]
+    assert_model_new_matches(tmp_path, _METADATA_READERS, cap, part)
+    forward = (tmp_path / "new_model.py").read_text().split("class ModelNew")[1]
+    assert "self.conv(" not in forward and "torch.tensor" not in forward
+    assert "size = group_0.size(0)" in forward

@@ -136,6 +136,8 @@ def test_on_a_gpu_the_library_conv_runs_channels_last_with_its_tail_reading_that
     ("return F.group_norm(torch.relu(self.conv(x)), 2)", "a later group reads it contiguous"),
     ("return self.conv(x).sum(dim=1)", "no pointwise op follows"),
     ("return torch.relu(self.conv(x)) + x[:, :1, 1:-1, 1:-1]", "not per-channel"),
+    # a size read of a tail value would read the channels-last shape
+    ("y = torch.relu(self.conv(x))\nreturn y * 2.0, y.size(1)", "leaves its pointwise tail"),
 ])
 def test_channels_last_is_refused_where_the_layout_would_be_converted_back(tmp_path, forward, why):
     from mtmc.module.graph_stage.layout import channels_last
@@ -155,7 +157,11 @@ def test_channels_last_is_refused_where_the_layout_would_be_converted_back(tmp_p
      "y = self.conv(x)\nreturn torch.sigmoid(y) * y + self.b"),
     ("nn.ConvTranspose2d(3, 4, 3, stride=2)", "torch.randn(2, 3, 4, 5)", "torch.randn(4)",
      "return torch.tanh(self.conv(x) - self.b.view(1, 4, 1, 1)) * 2.0"),
-], ids=["conv3d-swish", "conv_transpose2d"])
+    # KernelBench L2 93: `.device` reads no layout, so the tail is still one pointwise chain
+    ("nn.ConvTranspose2d(3, 4, 3, stride=2)", "torch.randn(2, 3, 4, 5)", "torch.randn(4)",
+     "y = self.conv(x) + 0.5\ny = torch.min(y, torch.tensor(0.0, device=y.device))\n"
+     "return torch.nn.functional.gelu(y) * 2.0"),
+], ids=["conv3d-swish", "conv_transpose2d", "constant-on-the-device"])
 def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, conv, x, bias, forward):
     from mtmc.module.graph_stage.layout import channels_last
     path = tmp_path / "m.py"

@@ -237,6 +237,8 @@ def rewrite(desc: dict, groups: list[Group]) -> tuple[fx.Graph, dict[str, int]]:
         for r in group.replaces:
             nodes[r].replace_all_uses_with(call)
         for n in sorted(live, key=_position(graph), reverse=True):
+            if n.users and n.name not in group.replaces:
+                _read_metadata_from(graph, n, call, had_users, desc, group.replaces)
             if not n.users:  # a producer shared with a later group stays until that one
                 graph.erase_node(n)
                 erased.add(n.name)
@@ -245,6 +247,51 @@ def rewrite(desc: dict, groups: list[Group]) -> tuple[fx.Graph, dict[str, int]]:
     _drop_dead(graph, had_users)
     graph.lint()
     return graph, stand_ins
+
+
+def _tensor_meta(desc: dict, names: list[str]) -> list[dict]:
+    values = {d["name"]: d.get("value") for d in desc["nodes"]}
+    return [((values.get(n) or {}).get("tensor") or {}) for n in names]
+
+
+def _read_metadata_from(graph: fx.Graph, n: fx.Node, call: fx.Node, had_users: set[str], desc: dict,
+                        replaced: list[str]) -> None:
+    """A group's inner value read only for its metadata (`x.device`, `x.size(0)`: fx_ops.Graph does
+    not count those readers as users) stays in the graph while they do, which would run the
+    group's ops in PyTorch too: readers left dead by the group go, and the rest read the group's
+    output where it has the same metadata they read (the device always; the dtype; the shape),
+    moved after it where nothing before that reads them."""
+    from mtmc.module.fx_ops import metadata_reader
+    order = _position(graph)
+    for m in sorted({r for r in n.users} | {d for r in n.users for d in _downstream(r)}, key=order, reverse=True):
+        if not m.users and m.name in had_users:   # fed only what the group replaced
+            graph.erase_node(m)
+    readers = list(n.users)
+    inner, *outs = _tensor_meta(desc, [n.name, *replaced])
+    if not readers or not outs or not inner:
+        return
+    for m in readers:
+        what = metadata_reader(m)
+        keys = {"device": (), "is_cuda": (), "dtype": ("dtype",), "is_floating_point": ("dtype",)}.get(
+            what, ("shape", "dtype"))
+        if not what or any(o.get(k) != inner.get(k) for o in outs for k in keys):
+            return
+        if order(m) < order(call) and any(order(u) < order(call) for u in _downstream(m)):
+            return
+    for m in sorted(readers, key=order, reverse=True):
+        if order(m) < order(call):
+            call.append(m)
+        m.replace_input_with(n, call)
+
+
+def _downstream(n: fx.Node) -> set[fx.Node]:
+    seen, todo = set(), list(n.users)
+    while todo:
+        u = todo.pop()
+        if u not in seen:
+            seen.add(u)
+            todo += list(u.users)
+    return seen
 
 
 def _position(graph: fx.Graph):

@@ -163,7 +163,7 @@ class Partitioner:
         self.next_id = first_id
 
     def _classify(self, desc: dict) -> None:
-        self.g = Graph(desc)
+        self.g = Graph(desc, data_users=True)
         classify = Classifier(self.g, plugins=PLUGINS)
         self.sem: dict[str, object] = {}
         self.why: dict[str, str] = {}

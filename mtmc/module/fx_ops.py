@@ -37,20 +37,56 @@ class _Refs(dict):
         return NodeRef(name)
 
 
+def _metadata_of(n: dict) -> str | None:
+    """The node whose metadata `n` reads (getattr shape/dtype/device, size(), dim(), numel()), if any."""
+    args = decode_arg(n["args"], _Refs())
+    if not args or not isinstance(args[0], NodeRef):
+        return None
+    return args[0].name if _metadata_kind(n["op"], n["target"], args) else None
+
+
+def _metadata_kind(op: str, target, args) -> str | None:
+    """What a node reads of its first argument when that is metadata only ("device", "size"), else None."""
+    from mtmc.module.shape_facts import META_ATTRS, META_METHODS
+    if op == "call_function" and target in ("getattr", "builtins.getattr"):
+        return args[1] if len(args) == 2 and args[1] in META_ATTRS else None
+    return target if op == "call_method" and target in META_METHODS else None
+
+
+# metadata a permutation of the dims (a layout change) leaves as it was
+LAYOUT_FREE = {"device", "dtype", "ndim", "dim", "numel", "is_cuda", "is_floating_point"}
+
+
+def metadata_reader(node) -> str | None:
+    """The metadata an fx.Node reads of its first argument ("device", "shape", "size", ...), or
+    None where it reads data (the assembler's test)."""
+    import builtins
+    return _metadata_kind(node.op, "getattr" if node.target is builtins.getattr else node.target, node.args)
+
+
 class Graph:
     """Read-only view of one captured graph: nodes in order, users, values, modules."""
 
-    def __init__(self, desc: dict):
+    def __init__(self, desc: dict, data_users: bool = False):
         self.path = desc.get("path", "")
         self.nodes = desc["nodes"]
         self.by_name = {n["name"]: n for n in self.nodes}
         self.order = {n["name"]: i for i, n in enumerate(self.nodes)}
         self.modules = desc.get("modules", {})
         self.line_of = desc.get("line_of", {})
+        # data_users (the partitioner's view): `x.device` in `torch.tensor(0.0, device=x.device)` or
+        # `x.size(0)` reads only metadata, which a fused kernel's output shares, so it ends no
+        # pointwise chain (the assembler points such readers at the group's output, or keeps the
+        # producer).  The graph stage's rewrites change values' shapes, so they see every reader.
         self.users: dict[str, list[str]] = {n["name"]: [] for n in self.nodes}
+        self.metadata_readers: dict[str, list[str]] = {n["name"]: [] for n in self.nodes}
         for n in self.nodes:
+            meta = _metadata_of(n)
             for used in dict.fromkeys(arg_nodes(n["args"]) + arg_nodes(n["kwargs"])):
-                self.users[used].append(n["name"])
+                if used == meta:
+                    self.metadata_readers[used].append(n["name"])
+                if used != meta or not data_users:
+                    self.users[used].append(n["name"])
 
     def args(self, name: str) -> tuple[tuple, dict]:
         """The node's (args, kwargs), node arguments as NodeRefs; a function's input passed by
@@ -60,6 +96,12 @@ class Graph:
         if n["op"] == "call_function" and not args and "input" in kwargs:
             args = (kwargs.pop("input"),)
         return args, kwargs
+
+    def layout_free_reader(self, name: str) -> bool:
+        """Whether node `name` reads only metadata that a layout change keeps (x.device, x.dim())."""
+        n = self.by_name[name]
+        args = decode_arg(n["args"], _Refs())
+        return bool(args) and isinstance(args[0], NodeRef) and _metadata_kind(n["op"], n["target"], args) in LAYOUT_FREE
 
     def tensor(self, ref) -> tuple[list[int], str] | None:
         """(shape, dtype) when `ref` (a NodeRef or a name) produced a tensor."""

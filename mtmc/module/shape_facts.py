@@ -16,8 +16,8 @@ import contextlib
 import inspect
 import operator
 
-_META_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "is_floating_point"}
-_META_METHODS = {"size", "dim", "numel", "is_floating_point", "is_contiguous"}
+META_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "is_floating_point"}
+META_METHODS = {"size", "dim", "numel", "is_floating_point", "is_contiguous"}
 _PURE = {getattr(operator, n) for n in ("add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "eq",
                                         "ne", "lt", "le", "gt", "ge", "not_", "and_", "or_", "getitem", "index")}
 _PURE |= {builtins.len, builtins.int, builtins.float, builtins.min, builtins.max, builtins.abs}
@@ -81,9 +81,9 @@ class ShapeFacts:
         args = [self._arg(a) for a in node.args]
         kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
         if node.op == "call_function" and node.target is builtins.getattr and len(args) == 2 \
-                and args[1] in _META_ATTRS and isinstance(args[0], torch.Tensor):
+                and args[1] in META_ATTRS and isinstance(args[0], torch.Tensor):
             return getattr(args[0], args[1])
-        if node.op == "call_method" and node.target in _META_METHODS and isinstance(args[0], torch.Tensor):
+        if node.op == "call_method" and node.target in META_METHODS and isinstance(args[0], torch.Tensor):
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         from torch.utils._pytree import tree_leaves, tree_map
         tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]   # torch.cat((a, b))

@@ -72,7 +72,7 @@ def _tail(g: Graph, conv: str, shape, dtype) -> tuple[list[str], list[str]]:
     region, todo, outside = set(), [conv], []
     while todo:
         for u in g.users[todo.pop()]:
-            if u in region or u in outside:
+            if u in region or u in outside or g.layout_free_reader(u):   # x.device: the same channels-last
                 continue
             if isinstance(classify(g, u), Pointwise) and g.tensor(u) == (shape, dtype):
                 region.add(u)
@@ -99,11 +99,12 @@ def channels_last(desc: dict, conv: str) -> Candidate:
     if not tail:
         return refuse(f"no pointwise op follows {words}: nothing would read it channels-last")
     inside = {conv, *tail}
-    sinks = [n for n in tail if any(u not in inside for u in g.users[n])]
-    if any(u not in inside for u in g.users[conv]) or len(sinks) != 1:
+    leaves = lambda n: [u for u in g.users[n] if u not in inside and not g.layout_free_reader(u)]  # noqa: E731
+    sinks = [n for n in tail if leaves(n)]
+    if leaves(conv) or len(sinks) != 1:
         return refuse(f"{words}'s value leaves its pointwise tail more than once: the tail must end in one result")
     cur = sinks[0]
-    if set(g.users[cur]) != {"output"}:
+    if set(leaves(cur)) != {"output"}:
         return refuse(f"the tail's result feeds {', '.join(g.words(u) for u in g.users[cur])}: a later "
                       "group reads it contiguous, which would copy it back to NCHW")
     operands = []
