@@ -12,6 +12,8 @@ repo).  Per task:
   3. on a GPU, when ModelNew is correct: the original Model's eager and torch.compile times
      ("module_baseline" jobs, one child per mode), cached in RESULTS/kernelbench-baselines.jsonl
      by (task sha256, GPU, torch, triton, mode), so no later run compiles them again.
+  4. on a GPU, the measured drafts of the task's run join the policy's dataset (--policy-data,
+     policy.harvest).
 RESULTS/NAME.jsonl gets one line per task as soon as it finishes (a re-run skips the tasks
 recorded there unless --redo; a task's last line wins); NAME.md (per-level and per-task tables)
 and NAME.json (meta, per-level totals, rows) are rewritten after every task.
@@ -39,6 +41,7 @@ from pathlib import Path
 
 from bench.record import Results, run_meta
 from mtmc.memory.shared import merge_from_workers
+from mtmc.policy import harvest
 from mtmc.tools.cluster import Engine, add_cluster_args, die_with_parent, open_engine
 from mtmc.tools.isolation import Confinement
 from mtmc.tools.worker import run_job
@@ -592,8 +595,13 @@ def cluster_task(task: Task, opts: Options, baselines: tuple[dict, list[dict]] |
 
 
 def run_all(tasks: list[Task], opts: Options, records_path: Path, results: Results, cache: BaselineCache | None,
-            redo: bool, budget_s: float | None, engine: Engine | None = None, retry: bool = False) -> int:
-    """Every task not yet recorded, one after another, or as tasks of `engine`'s cluster."""
+            redo: bool, budget_s: float | None, engine: Engine | None = None, retry: bool = False,
+            policy_data: Path | None = None) -> int:
+    """Every task not yet recorded, one after another, or as tasks of `engine`'s cluster; on a GPU
+    the measured drafts of each task's run join the policy's dataset in `policy_data`
+    (policy.harvest)."""
+    run = harvest.new_run()
+    take_drafts = (lambda: _harvest(policy_data, run)) if policy_data and opts.device == "cuda" else (lambda: None)
     done = latest_records(records_path)
     unfinished = lambda rel: retry and (done[rel].get("optimize") or {}).get("status") in UNFINISHED
     todo = [t for t in tasks if redo or t.rel not in done or unfinished(t.rel)]
@@ -611,8 +619,11 @@ def run_all(tasks: list[Task], opts: Options, records_path: Path, results: Resul
         done[record["task"]] = record
         print(progress_line(i, len(todo), record), flush=True)
         results.save(order(done), levels=by_level(order(done)))
+        take_drafts()
     if engine is not None:
-        return _run_on(engine, todo, opts, cache, keep, spent)
+        n = _run_on(engine, todo, opts, cache, keep, spent)
+        take_drafts()   # the workers' histories, merged into this host's log at the end
+        return n
     for i, task in enumerate(todo, 1):
         if spent():
             print(f"budget of {budget_s:g} s spent: {len(todo) - i + 1} task(s) left; run again to continue", flush=True)
@@ -620,6 +631,17 @@ def run_all(tasks: list[Task], opts: Options, records_path: Path, results: Resul
         print(f"[{i}/{len(todo)}] {task.rel} ...", flush=True)
         keep(i, run_task(task, opts, cache))
     return len(todo)
+
+
+def _harvest(policy_data: Path, run: str) -> None:
+    from mtmc.tools.paths import home
+    try:
+        path, n = harvest.harvest([str(home())], policy_data, run)
+    except Exception as e:   # the benchmark's records matter more than the policy's data
+        print(f"policy data: not harvested ({type(e).__name__}: {e})", flush=True)
+        return
+    if n:
+        print(f"policy data: {n} measured draft(s) -> {path}", flush=True)
 
 
 def _run_on(engine: Engine, todo: list[Task], opts: Options, cache: BaselineCache | None, keep, spent) -> int:
@@ -668,6 +690,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     # max-autotune compiles for minutes per module: a time-limited call may measure default only
     p.add_argument("--compile-modes", nargs="+", choices=COMPILE_MODES, default=list(COMPILE_MODES),
                    help="torch.compile modes to time (the faster one is the baseline)")
+    p.add_argument("--policy-data", default=str(REPO / "bench" / "data" / "policy"),
+                   help="on a GPU, the measured drafts of every run join the policy's dataset here ('' for none)")
     add_cluster_args(p)
     return p.parse_args(argv)
 
@@ -699,7 +723,7 @@ def main(argv=None) -> int:
     try:
         with open_engine(args, cpu_only=device == "cpu") as engine:
             run_all(tasks, opts, results.dir / f"{name}.jsonl", results, cache, args.redo, args.budget, engine,
-                    retry=args.retry)
+                    retry=args.retry, policy_data=Path(args.policy_data) if args.policy_data else None)
     except KeyboardInterrupt:
         print("interrupted: the finished tasks are recorded; run again to continue", file=sys.stderr)
         return 130
