@@ -254,3 +254,91 @@ def test_a_reduction_inside_a_pointwise_request_is_refused_not_dropped(text):
 
 def test_subtracting_the_max_still_describes_a_softmax():
     assert spec_of("softmax over rows of a 1024x1024 tensor, subtracting the row max first").op == "softmax"
+
+
+@pytest.mark.parametrize("text", [
+    "non-causal attention, batch 2, 12 heads, sequence 4096, head size 64",
+    "attention without a causal mask on 2x4x128x64",
+    "causal=False attention on 2x4x128x64",
+])
+def test_a_negated_causal_mask_is_no_mask(text):
+    assert spec_of(text).params["mask"] == "none"   # each was read as a causal mask
+
+
+@pytest.mark.parametrize("text", ["layer norm without elementwise affine on 8192x1024",
+                                  "group norm with 8 groups without learnable affine on 8x64x32x32"])
+def test_no_affine_with_an_adjective_drops_the_weight(text):
+    assert spec_of(text).params["affine"] is False   # the weight and bias were kept
+
+
+@pytest.mark.parametrize("text,op", [
+    ("batchnorm over batch 16, 64 channels, 128x128 images, fp16", "batchnorm"),
+    ("instance norm on batch 8, 64 channels, 128x128 images", "instancenorm"),
+])
+def test_channel_norm_input_from_batch_channels_and_image_words(text, op):
+    s = spec_of(text)
+    assert s.op == op and s.dims == {"N": s.dims["N"], "C": 64, "S": 128 * 128}
+
+
+def test_elementwise_on_batch_channels_and_image_words():
+    s = spec_of("mish activation on a batch 16, 64 channels, 128x128 images, fp16")
+    assert s.params["shape"] == [16, 64, 128, 128] and s.params["chain"] == [{"op": "mish"}]
+
+
+@pytest.mark.parametrize("text", [
+    "batched matmul of 16 matrices of size 512x512 times 512x512, fp16",
+    "batched matrix multiply: 16 matrices of 512x512 by 512x512",
+    "matrix multiply 16 batches of 512x512 by 512x512",
+])
+def test_a_count_of_matrices_is_the_batch_of_a_bmm(text):
+    s = spec_of(text)
+    assert (s.op, s.dims) == ("bmm", {"B": 16, "M": 512, "N": 512, "K": 512})
+    assert spec_of("multiply two 2048 by 2048 matrices in bf16").op == "matmul"   # a size, not a count
+
+
+@pytest.mark.parametrize("text,dims", [
+    ("matvec 8192x4096 times a length 4096 vector, fp16", {"M": 8192, "N": 1, "K": 4096}),
+    ("gemv 4096x4096 in bf16", {"M": 4096, "N": 1, "K": 4096}),   # not a square matmul
+])
+def test_matrix_vector_words(text, dims):
+    assert spec_of(text).dims == dims
+
+
+@pytest.mark.parametrize("text", ["fully connected layer 784 to 10 on a batch of 64", "fc 784 to 10, batch 64"])
+def test_linear_layer_in_to_out_features(text):
+    s = spec_of(text)
+    assert s.dims == {"M": 64, "N": 10, "K": 784} and s.params["b_layout"] == "nk"
+
+
+@pytest.mark.parametrize("text,what", [
+    ("log cumsum exp of 64x128", "cumsum / cumprod"),               # was a plain cumsum
+    ("binary cross entropy on 4096x4096", "binary cross entropy"),  # was the multi-class cross entropy
+])
+def test_near_namesakes_outside_the_catalog_are_refused(text, what):
+    res = parse_request(text)
+    assert not res.ok and what in res.message.lower()
+
+
+def test_a_conv_call_on_tensors_is_refused_not_a_parser_error():
+    res = parse_request("F.conv2d(x, w, stride=2, padding=1) with x 8x3x32x32 and w 16x3x3x3")
+    assert not res.ok and "internal parser error" not in res.message.lower() and "in words" in res.message
+
+
+@pytest.mark.parametrize("text,op,params", [
+    ("F.group_norm(x, 8) on 16x64x32x32", "groupnorm", {"groups": 8, "affine": False}),
+    ("F.batch_norm(x, rm, rv) on 16x64x32x32", "batchnorm", {"training": False, "affine": False}),
+    ("F.instance_norm(x, weight=w, bias=b) on 8x16x32x32", "instancenorm", {"affine": True}),
+    ("torch.prod(x, dim=1) on 128x64", "prod", {}),
+])
+def test_functional_norm_and_prod_calls(text, op, params):
+    s = spec_of(text)   # each was refused ("not in the catalog", "no kernel op")
+    assert s.op == op and all(s.params.get(k) == v for k, v in params.items()), s.params
+
+
+@pytest.mark.parametrize("text,dims", [
+    ("attention with 8 heads, 64 head dim, 1024 sequence length, batch size 2, causal, half",
+     {"B": 2, "H": 8, "L": 1024, "S": 1024, "E": 64, "EV": 64}),
+    ("rms norm over the last dimension of size 4096 with 2048 rows, bf16", {"M": 2048, "N": 4096}),
+])
+def test_sizes_said_before_their_name_or_as_of_size(text, dims):
+    assert spec_of(text).dims == dims

@@ -42,6 +42,12 @@ _MASKS = [  # (pattern, mask kind), specific first
 ]
 
 
+# a causal mask said not to be there: no mask (unless another mask is named)
+_NOT_CAUSAL = (r"\b(?:non|not|un)[\s_-]*causal(?:ly)?(?:[\s_-]+mask(?:ed|ing)?)?\b"
+               r"|\b(?:no|without(?:\s+an?|\s+the)?)\s+causal(?:[\s_-]+(?:mask(?:ing)?|masked))?\b"
+               r"|\b(?:is_)?causal\s*=\s*false\b")
+
+
 def read_attention(ctx: _Ctx) -> None:
     """Take an attention request's own words (nothing when it names no attention)."""
     if not _rx(_ATTENTION).search(ctx.s):
@@ -64,6 +70,8 @@ def read_attention(ctx: _Ctx) -> None:
                     raise _Fail(f"I found two different {key.replace('_', ' ')}s: {att[key]} and {value}.")
                 att[key] = value
                 ctx.note("attention", m.group(0).strip())
+    for m in ctx.take(_NOT_CAUSAL):   # before the masks: "non-causal" once read as "causal"
+        ctx.note("attention", m.group(0).strip())
     for pattern, kind in _MASKS:
         for m in ctx.take(pattern):
             if att["mask"] not in (None, kind):

@@ -262,11 +262,21 @@ def _build_norm(ctx: _Ctx, op: str) -> KernelSpec:
 def _build_elementwise(ctx: _Ctx, op: str) -> KernelSpec:
     _values(ctx, "elementwise")
     chain = _steps(_ordered(ctx))
+    _image_batch(ctx)
     m, n, shape = _row_dims(ctx)
     params: dict = {"chain": chain}
     if len(shape) != 2:
         params["shape"] = shape
     return KernelSpec("elementwise", "chain", {"M": m, "N": n}, _dtype(ctx), params)
+
+
+def _image_batch(ctx: _Ctx) -> None:
+    """"batch 16, 64 channels, 128x128 images": one N x C x spatial tensor said in words (the batch
+    was read as rows and refused against the image shape)."""
+    if not ("batch" in ctx.sizes and "channels" in ctx.sizes and len(ctx.shapes) == 1 and len(ctx.shapes[0]) <= 3):
+        return
+    b, c, x = ctx.sizes.pop("batch"), ctx.sizes.pop("channels"), ctx.shapes[0]
+    ctx.shapes = [[b, *x] if x[0] == c and len(x) > 1 else [b, c, *x]]
 
 
 def _build_matmul(ctx: _Ctx, op: str) -> KernelSpec:
@@ -327,6 +337,9 @@ def _same(from_shapes: dict, named: dict) -> None:
 
 def _with_batch(ctx: _Ctx, op: str, dims: dict) -> dict:
     """A bmm asked for in words takes its batch from "batch 32"; else a stated default."""
+    if op != "bmm" and "batch" in ctx.sizes and len(ctx.shapes) == 2 and all(len(s) == 2 for s in ctx.shapes) \
+            and ctx.sizes["batch"] != dims["M"]:   # (a batch equal to M counts x's rows)
+        op = "bmm"   # "matrix multiply 8 batches of 64x128 by 128x32": the batch count makes it batched
     if op != "bmm" or "B" in dims:
         return dims
     if "batch" in ctx.sizes:
@@ -377,6 +390,9 @@ def _matrix_vector(ctx: _Ctx, matrix: list[int], vector: list[int]) -> list[list
 def _single_matmul_shape(ctx: _Ctx, shape: list[int]) -> list[list[int]]:
     """One shape for a matmul: only a square one (or "two NxN matrices", "4096x4096x4096") says
     both operands."""
+    if "matvec" in ctx.flags and len(shape) == 2:
+        ctx.assume(f"a matrix-vector product: {_x(shape)} times a vector of {shape[1]} (N=1)")
+        return [shape, [shape[1], 1]]
     if len(shape) == 3 and len(set(shape)) == 1:
         ctx.assume(f"{_x(shape)} read as M=N=K={shape[0]}")
         return [shape[:2], shape[:2]]

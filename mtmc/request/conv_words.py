@@ -116,6 +116,9 @@ def read_conv(ctx: _Ctx) -> None:
             raise _Fail("the request names two different conv dimensions (1d/2d/3d).")
         conv["rank"] = int(m.group(1))
     found = ctx.take(_CONV) or transposed   # "deconv" alone was taken as the transposed word
+    if not found:   # its word sits in a call on tensors ("F.conv2d(x, w, ...)"): was an IndexError
+        raise _Fail("I cannot read a convolution call on tensors; say it in words, e.g. 'conv2d 3x3 stride 2 "
+                    "padding 1 on 8x3x32x32 with 16 output channels', or as nn.Conv2d(3, 16, 3, stride=2, padding=1).")
     for m in found:
         digits = re.findall(r"[123](?=[\s_-]?d)", m.group(0))
         if digits:

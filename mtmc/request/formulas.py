@@ -30,7 +30,7 @@ _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "lo
                "logsoftmax": ("softmax", "log_softmax"), "layer_norm": ("norm", "layernorm"),
                "layernorm": ("norm", "layernorm"), "rms_norm": ("norm", "rmsnorm"),
                "rmsnorm": ("norm", "rmsnorm"), "sum": ("reduction", "sum"), "mean": ("reduction", "mean"),
-               "amax": ("reduction", "max"), "amin": ("reduction", "min"),
+               "amax": ("reduction", "max"), "amin": ("reduction", "min"), "prod": ("reduction", "prod"),
                "argmax": ("reduction", "argmax"), "argmin": ("reduction", "argmin")}
 _BOUND_FUNCS = {"max": "clamp_min", "maximum": "clamp_min", "fmax": "clamp_min",
                 "min": "clamp_max", "minimum": "clamp_max", "fmin": "clamp_max"}

@@ -21,7 +21,7 @@ from mtmc.kernels.families.norm import FAMILY
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.phrases import _AFFINE, _NO_AFFINE
 from mtmc.request.build import _around_core, _dtype, _row_spec, _steps, _values, _x
-from mtmc.request.conv_words import channels_agree
+from mtmc.request.conv_words import channels_agree, spatial_input
 from mtmc.request.reading import _Ctx, _Fail, _Item, _rx
 
 _OPS = [  # (pattern, op); specific before general
@@ -123,6 +123,9 @@ def build_norm(ctx: _Ctx, op: str) -> KernelSpec:
     if len(shapes) > 1:
         raise _Fail(f"I found several shapes ({', '.join(map(_x, ctx.shapes))}); a {op} takes one input.")
     x = shapes[0]
+    if "batch" in ctx.sizes and "channels" in ctx.sizes and len(x) <= 3:
+        # "batch 16, 64 channels, 128x128 images": the input in words, as a conv's or a pool's
+        x, _ = spatial_input(ctx, None, op, "16x64x56x56", "give the input as N x C x H x W")
     channels_agree(ctx, x, op)
     if op == "instancenorm" and len(x) < 3:
         raise _Fail(f"an instance norm needs spatial sizes after N x C; {_x(x)} has none.")

@@ -27,12 +27,16 @@ _CONTEXT = [
 _SUBTRACT_STAT = r"\bsubtract(?:s|ing)?\s+the\s+(?:row\s+|running\s+)?(?:max|maximum|mean)\b"
 _NEGATION = (r"\b(?:without|no|w/o)\s+(?:an?\s+|any\s+)?(?P<what>bias|residual)\b"
              r"|\b(?P<what2>bias)\s*=\s*false\b")
-_NO_AFFINE = (r"\b(?:without|no)\s+(?:an?\s+|the\s+)?(?:affine|learn\w+\s+(?:weights?|parameters|params)"
+# an adjective may sit before "affine": "without elementwise affine" once kept the weight and bias
+_AFFINE_WORD = (r"(?:(?:element[\s_-]*wise|learn\w+|trainable)[\s_-]+)?affine"
+                r"(?:[\s_-]+(?:params|parameters|transform\w*|weights?))?")
+_NO_AFFINE = (rf"\b(?:without|no)\s+(?:an?\s+|the\s+)?(?:{_AFFINE_WORD}|learn\w+\s+(?:weights?|parameters|params)"
               r"|weights?(?:\s+and\s+bias)?|gamma(?:\s+and\s+beta)?)\b"
               r"|\b(?:elementwise_)?affine\s*=\s*false\b")
 _AFFINE = (r"\bwith\s+(?:an?\s+|the\s+)?(?:learn\w+\s+)?(?:weights?|gamma|scale)"
            r"(?:\s+and\s+(?:a\s+)?(?:bias|beta|shift))?\b(?!\s*(?:of|=|:|by)?\s*[-+\d.])"
-           r"|\bwith\s+(?:an?\s+)?bias\b|\b(?:elementwise_)?affine(?:\s*=\s*true)?\b|\bgamma(?:\s+and\s+beta)?\b")
+           r"|\bwith\s+(?:an?\s+)?bias\b|\b(?:elementwise_)?affine(?:\s*=\s*true)?\b|\bgamma(?:\s+and\s+beta)?\b"
+           rf"|\bwith\s+(?:an?\s+)?{_AFFINE_WORD}\b")
 _NORM_WORD = r"\b(?:layer|rms)[\s_-]*norm"
 _NORMALIZE_WORD = r"\b(?:l[12]|frobenius)[\s_-]*norm"
 _DIVIDE_BY_NORM = (r"\b(?:and\s+|then\s+)?divid\w*\s+(?:the\s+|each\s+)?(?:rows?|x|vectors?|it|them|inputs?|elements?"
@@ -173,16 +177,22 @@ _SIZE_WORDS = [  # (pattern, the size each group gives); specific phrasings firs
     (rf"({INT})\s+(?:outputs?|output[\s_-]*(?:features|dims?|units|channels))\b", ("out_features",)),
     (rf"\bfrom\s+({INT})\s+to\s+({INT})\b", ("in_features", "out_features")),
     (rf"({INT})\s*->\s*({INT})", ("in_features", "out_features")),
+    # "fully connected layer 784 to 10": right after a layer's word only ("clamp 0 to 6" is a clamp)
+    (rf"(?:(?<=linear)|(?<=layer)|(?<=connected)|(?<=dense)|(?<=projection)|(?<=\bfc))\s+({INT})\s+to\s+({INT})\b",
+     ("in_features", "out_features")),
     (rf"\bbatch(?:[\s_-]*size)?\s*(?:of|=|:|is)?\s*({INT})", ("batch",)),
     (rf"({INT})\s+(?:batch(?:es)?|sequences|sentences|images|pairs)\b", ("batch",)),
+    # "16 matrices of 512x512 times 512x512": a batched product's count (not "2048 by 2048 matrices")
+    (rf"({INT})\s+matrices(?=\s+of\b)", ("batch",)),
     (rf"\b(?:seq(?:uence)?[\s_-]*len(?:gth)?|seqlen|context[\s_-]*(?:length|len))\s*(?:of|=|:|is)?\s*({INT})",
      ("seq",)),
     (rf"\bseq(?:uence)?\s*(?:of|=|:|is)?\s*({INT})(?!\s*(?:x|by)\s*\d)", ("seq",)),   # "sequence 1024"
+    (rf"({INT})[\s_-]+(?:seq(?:uence)?[\s_-]*len(?:gth)?|seqlen|context[\s_-]*(?:length|len))\b", ("seq",)),
     (rf"({INT})\s+(?:classes|categories|labels)\b", ("cols",)),                          # a loss's classes
     (rf"\brows?\s+of\s+(?:size\s+|length\s+|width\s+)?({INT})(?:\s+elements)?", ("cols",)),
     (rf"\b(?:width|row[\s_-]*(?:length|size|width)|hidden(?:[\s_-]*(?:size|dim\w*))?|d[\s_-]*model"
      rf"|embed\w*[\s_-]*(?:size|dim\w*)|feature[\s_-]*(?:size|dim\w*)|last[\s_-]*dim\w*|cols|columns"
-     rf"|num[\s_]*cols|n[\s_]*cols|vocab\w*(?:[\s_-]*size)?)\s*(?:of|=|:|is)?\s*({INT})", ("cols",)),
+     rf"|num[\s_]*cols|n[\s_]*cols|vocab\w*(?:[\s_-]*size)?)\s*(?:of|=|:|is)?\s*(?:size\s+)?({INT})", ("cols",)),
     (rf"({INT})\s+(?:columns|cols|features|hidden)\b", ("cols",)),
     # a conv's, pool's or channel norm's C ("with 32 channels"); the families without one refuse it
     (rf"({INT})\s+(?:channels|feature[\s_-]*maps)\b|\b(?:num[\s_-]*)?channels\s*(?:=|:|of|is)\s*({INT})", ("channels",)),
@@ -192,6 +202,7 @@ _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+
             rf"(?<=vectors\s)of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",   # "two vectors of length N": the noun stays
             rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
             rf"(?<![\w.])({INT})[\s-]*(?:(?:element|long|dim(?:ensional)?)[\s-]+)?vector\b",
+            rf"\b(?:length|size)[\s-]+({INT})[\s-]+vector\b",   # "a length 4096 vector"
             rf"({INT})[\s-]+(?:(?:random|input|contiguous)[\s-]+)?(?:elements?|values|numbers|entries|floats)\b"
             r"(?:\s+(?:vector|array|tensor))?"]
 

@@ -56,6 +56,11 @@ _FUNCTIONS = {   # functional name -> (kind, parameters after the input tensor(s
     **{f"adaptive_{k}_pool{r}d": (f"adaptive_{k}_pool", ["output_size", "return_indices"])
        for k in ("avg", "max") for r in (1, 2, 3)},
     "normalize": ("normalize", ["p", "dim", "eps"]),
+    # the functional channel norms: their channels come from the input's shape, the affine from a weight
+    "group_norm": ("group_norm_f", ["num_groups", "weight", "bias", "eps"]),
+    "batch_norm": ("batch_norm_f", ["running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]),
+    "instance_norm": ("instance_norm_f", ["running_mean", "running_var", "weight", "bias", "use_input_stats",
+                                          "momentum", "eps"]),
     "cumsum": ("cumsum", ["dim"]), "cumprod": ("cumprod", ["dim"]),
     "logsumexp": ("logsumexp", ["dim", "keepdim"]),
     "scaled_dot_product_attention": ("sdpa", ["attn_mask", "dropout_p", "is_causal", "scale"]),
@@ -256,6 +261,8 @@ def _render(kind: str, name: str | None, a: dict[str, str]) -> str:
         affine = _flag(a.get("affine", default_affine))
         if affine != (default_affine == "true"):
             w.append("with affine" if affine else "without affine")
+    elif kind.endswith("_norm_f"):
+        _functional_norm(kind[:-2], a, w)
     elif kind in ("softmax", "log_softmax", "cumsum", "cumprod", "logsumexp"):
         w.append(kind.replace("_", " ") + (f" over dim {_size(a['dim'])}" if "dim" in a else ""))
     elif kind == "normalize":
@@ -291,3 +298,30 @@ def _render(kind: str, name: str | None, a: dict[str, str]) -> str:
         if _flag(a.get("log_target", "false")):
             w.append("log target")
     return ", ".join(w) + " "
+
+
+def _functional_norm(kind: str, a: dict[str, str], w: list[str]) -> None:
+    """F.group_norm(x, 8), F.batch_norm(x, rm, rv, training=True), F.instance_norm(x): PyTorch's
+    defaults differ from the modules' (no weight: no affine; batch_norm in eval mode)."""
+    given = {k: a.get(k, "none").strip() != "none" for k in ("weight", "bias", "running_mean", "running_var")}
+    if given["weight"] != given["bias"]:
+        raise _Unsaid   # a weight without a bias (or the reverse): the words say both or neither
+    if kind == "group_norm":
+        if "num_groups" not in a:
+            raise _Unsaid
+        w.append(f"group norm with {_size(a['num_groups'])} groups")
+    elif kind == "batch_norm":
+        training = _flag(a.get("training", "false"))
+        if not training and not (given["running_mean"] and given["running_var"]):
+            raise _Unsaid   # eval mode needs running statistics
+        w.append("batch norm " + ("in training mode" if training else "in eval mode"))
+        opt_momentum = a.get("momentum", "none").strip()
+        if training and opt_momentum != "none":
+            w.append(f"momentum {_number(opt_momentum)}")
+    else:
+        if given["running_mean"] or given["running_var"] or not _flag(a.get("use_input_stats", "true")):
+            raise _Unsaid   # running statistics of an instance norm: not in the catalog's words
+        w.append("instance norm")
+    if "eps" in a:
+        w.append(f"eps {_number(a['eps'])}")
+    w.append("with affine" if given["weight"] else "without affine")

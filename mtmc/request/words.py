@@ -23,6 +23,11 @@ _UNSUPPORTED_FIRST = [
     (r"\bsort\w*|\btop[\s_-]?k\b|\bargsort\b", "sorting / top-k"),
     (r"\bfft\b|\bfourier\b", "FFT"),
     (r"\b(?:de)?quanti[sz]\w*", "quantization"),
+    # each once read as its near namesake: "log cumsum exp" a plain cumsum, "binary cross entropy" the
+    # multi-class one
+    (r"\blog[\s_-]*cum[\s_-]*sum[\s_-]*exp\b|\bcum(?:ulative)?[\s_-]*(?:max|min)\w*",
+     "scans other than cumsum / cumprod"),
+    (r"\bbinary[\s_-]*cross[\s_-]*entropy\w*|\bbce\w*", "binary cross entropy"),
 ]
 _UNSUPPORTED = [  # (pattern, what it is): the words left once the op phases took theirs
     (r"\bconv\w*|\bconvolution\w*", "convolution"),
@@ -55,7 +60,7 @@ _CORES = [  # (pattern, family, op); specific before general ("log softmax" is n
     (rf"\b(?:bmm|batch(?:ed)?[\s_-]*{MATMUL_WORDS})\b", "matmul", "bmm"),
     (rf"\b{MATMUL_WORDS}\b", "matmul", "matmul"),
     (r"\bnn\.linear\b|\blinear(?:[\s_-]+(?:layer|projection|transform\w*))?\b|\bdense[\s_-]+layer\b"
-     r"|\bfully[\s_-]*connected(?:[\s_-]+layer)?\b", "matmul", "linear"),
+     r"|\bfully[\s_-]*connected(?:[\s_-]+layer)?\b|\bfc(?:[\s_-]+layer)?\b", "matmul", "linear"),
     (r"\barg[\s_-]?max\b", "reduction", "argmax"),
     (r"\barg[\s_-]?min\b", "reduction", "argmin"),
     (r"\b(?:reduce[\s_-]*)?(?:sum|sums|summation)\b", "reduction", "sum"),
@@ -133,6 +138,7 @@ _UNARY_WORDS = [  # specific before general: "gelu with tanh approximation" is n
 ]
 # "fused add + rmsnorm": the residual add before a norm (read before the norm words are taken).
 _ADD_NORM = r"\b(?:residual[\s_-]+)?add\s*(?:\+|&|and|-)\s*(?=(?:layer|rms)[\s_-]*norm)"
+_MATVEC = r"\b(?:[sdh]?gemv|mat[\s_-]?vec|matrix[\s_-]*vector(?:[\s_-]+(?:multipl\w*|products?|mult))?)\b"
 _ELEMENTWISE_WORDS = r"\b(?:element|point)[\s_-]*wise\b|\bhadamard\b"
 _MULTIPLY = r"\b(?:multipl\w*|times|product(?:\s+of)?)\b(?!\s*(?:by\s+|with\s+)?[-+]?[\d.])"
 
@@ -151,6 +157,9 @@ def _read_words(ctx: _Ctx) -> None:
         ctx.flags.add("nk")
         ctx.note("ops", f"{m.group(0).strip()!r} -> weight stored [N, K]")
     refuse_unsupported(ctx, _UNSUPPORTED)
+    for m in ctx.take(_MATVEC):   # its one matrix shape times a vector ("gemv 8192x4096" was refused)
+        ctx.flags.add("matvec")
+        ctx.add_core(m, "matmul", "matmul")
     _read_matrix_product(ctx)
     for op, verbs in _BINARY_VERBS.items():
         for m in ctx.take(_binary_pattern(verbs)):
@@ -196,7 +205,7 @@ def _read_matrix_product(ctx: _Ctx) -> None:
     _read_shape_product(ctx, elementwise)
     if elementwise:
         return
-    if not (_rx(r"\bmatri(?:x|ces)\b").search(ctx.s) or _two_matrices(ctx)):
+    if not (_rx(r"\bmatri(?:x|ces)\b").search(ctx.s) or _two_matrices(ctx) or "matvec" in ctx.flags):
         if len(ctx.shapes) == 2 and ctx.shapes[0] == ctx.shapes[1] and len(ctx.shapes[0]) == 2 \
                 and ctx.shapes[0][0] == ctx.shapes[0][1] and _rx(_MULTIPLY).search(ctx.s) \
                 and not _rx(_binary_pattern(_BINARY_VERBS["mul"])).search(ctx.s):
@@ -204,6 +213,9 @@ def _read_matrix_product(ctx: _Ctx) -> None:
             raise _Fail(f"two {shape} matrices multiplied could be either product: say 'elementwise' for the "
                         "elementwise one or 'matrix product' for the matmul.")
         return
+    for pattern, family, op in _CORES:   # "batched matrix multiply" is a bmm, before its "multiply" a matmul
+        for m in (ctx.take(pattern) if op in ("bmm", "matmul") else ()):
+            ctx.add_core(m, family, op)
     for m in ctx.take(_MULTIPLY):
         ctx.add_core(m, "matmul", "matmul")
 
