@@ -152,17 +152,22 @@ def test_channels_last_is_refused_where_the_layout_would_be_converted_back(tmp_p
     assert not c.legal and why in c.reason, c.reason
 
 
-@pytest.mark.parametrize("conv, x, bias, forward", [
+@pytest.mark.parametrize("conv, x, bias, forward, family", [
     ("nn.Conv3d(3, 4, 3)", "torch.randn(2, 3, 5, 6, 5)", "torch.randn(4, 1, 1, 1)",
-     "y = self.conv(x)\nreturn torch.sigmoid(y) * y + self.b"),
+     "y = self.conv(x)\nreturn torch.sigmoid(y) * y + self.b", "elementwise"),
     ("nn.ConvTranspose2d(3, 4, 3, stride=2)", "torch.randn(2, 3, 4, 5)", "torch.randn(4)",
-     "return torch.tanh(self.conv(x) - self.b.view(1, 4, 1, 1)) * 2.0"),
+     "return torch.tanh(self.conv(x) - self.b.view(1, 4, 1, 1)) * 2.0", "elementwise"),
     # KernelBench L2 93: `.device` reads no layout, so the tail is still one pointwise chain
     ("nn.ConvTranspose2d(3, 4, 3, stride=2)", "torch.randn(2, 3, 4, 5)", "torch.randn(4)",
      "y = self.conv(x) + 0.5\ny = torch.min(y, torch.tensor(0.0, device=y.device))\n"
-     "return torch.nn.functional.gelu(y) * 2.0"),
-], ids=["conv3d-swish", "conv_transpose2d", "constant-on-the-device"])
-def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, conv, x, bias, forward):
+     "return torch.nn.functional.gelu(y) * 2.0", "elementwise"),
+    # KernelBench L2 91 / 49: a softmax over the channels is a row softmax channels-last
+    ("nn.ConvTranspose2d(3, 4, 3, stride=2)", "torch.randn(2, 3, 4, 5)", "torch.randn(4, 1, 1)",
+     "y = torch.softmax(self.conv(x), dim=1)\nreturn torch.sigmoid((y + self.b) * 2.0)", "softmax"),
+    ("nn.Conv3d(3, 4, 3)", "torch.randn(2, 3, 5, 6, 5)", "torch.randn(1)",
+     "return torch.sigmoid(torch.nn.functional.log_softmax(self.conv(x), 1))", "softmax"),
+], ids=["conv3d-swish", "conv_transpose2d", "constant-on-the-device", "channel-softmax", "channel-log-softmax-3d"])
+def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, conv, x, bias, forward, family):
     from mtmc.module.graph_stage.layout import channels_last
     path = tmp_path / "m.py"
     path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
@@ -174,7 +179,7 @@ def test_channels_last_islands_of_3d_and_transposed_convs_match_model(tmp_path, 
     assert c.legal, c.reason
     new = {**cap, "graphs": [c.apply]}
     part = partition(new, library={"": {"conv": "kept in cuDNN"}})
-    assert [g.family for g in part.groups] == ["elementwise"]
+    assert [g.family for g in part.groups] == [family]
     assert_model_new_matches(tmp_path, path.read_text(), new, part)
 
 

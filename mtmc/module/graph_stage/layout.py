@@ -12,7 +12,7 @@ So the island keeps the output channels-last to the end:
   out = t.permute(0, 3, 1, 2)                       # NCHW-shaped, channels-last strides: a view
 
 Legal only where the tail is pointwise (its other operands numbers, per-channel tensors or single
-values) and its result is a graph output: a later group of ours reads its input contiguous, so it
+values) or a softmax over the channels (a row softmax channels-last), and its result is a graph output: a later group of ours reads its input contiguous, so it
 would copy the tensor back, and the conversion would not pay.  The result has Model's shape and
 values in channels-last strides.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from mtmc.module.fx_ops import Graph, NodeRef, Pointwise
+from mtmc.module.fx_ops import Anchor, Graph, NodeRef, Pointwise
 from mtmc.module.graph_stage.common import CONV_FUNCTIONS, CONV_MODULES, classify, per_feature
-from mtmc.module.graph_stage.edit import Editor, numel, tensor_value
+from mtmc.module.graph_stage.edit import Editor, _encode, numel, tensor_value
 from mtmc.module.graph_stage.records import Candidate
 
 RULE = "channels_last"
@@ -65,16 +65,23 @@ def _rank(g: Graph, name: str) -> int | None:
     return conv[1] + 2 if conv and conv[1] in (2, 3) else None
 
 
+def _channel_softmax(g: Graph, name: str, shape, dtype) -> bool:
+    """A softmax or log-softmax over the channel dim (dim 1): channels-last, a row-wise one."""
+    a = classify(g, name)
+    return isinstance(a, Anchor) and a.family == "softmax" and a.dim == 1 and g.tensor(name) == (shape, dtype)
+
+
 def _tail(g: Graph, conv: str, shape, dtype) -> tuple[list[str], list[str]]:
     """The pointwise nodes of the conv's shape reachable from it through pointwise nodes (a chain,
-    or a formula reading a value twice: x * clamp((x + 3) / 6, 0, 1)), in graph order, and the
-    nodes outside them that read the conv or one of them."""
+    or a formula reading a value twice: x * clamp((x + 3) / 6, 0, 1)) and softmaxes over the
+    channels, in graph order, and the nodes outside them that read the conv or one of them."""
     region, todo, outside = set(), [conv], []
     while todo:
         for u in g.users[todo.pop()]:
             if u in region or u in outside or g.layout_free_reader(u):   # x.device: the same channels-last
                 continue
-            if isinstance(classify(g, u), Pointwise) and g.tensor(u) == (shape, dtype):
+            if (isinstance(classify(g, u), Pointwise) or _channel_softmax(g, u, shape, dtype)) \
+                    and g.tensor(u) == (shape, dtype):
                 region.add(u)
                 todo.append(u)
             else:
@@ -138,6 +145,11 @@ def channels_last(desc: dict, conv: str) -> Candidate:
         ed.replace_in(name, r, vectors[r])
     for name in tail:
         ed.node(name)["value"] = tensor_value(nhwc, dtype)
+        a = classify(g, name)
+        if isinstance(a, Anchor):   # a channel softmax: over the last dim of [N, *spatial, C]
+            fn = "torch.softmax" if a.op == "softmax" else "torch.log_softmax"
+            x_now = view if a.x.name == conv else a.x
+            ed.node(name).update(op="call_function", target=fn, args=_encode((x_now, rank - 1)), kwargs=_encode({}))
     out = ed.add("output", "nchw", "call_method", "permute", (NodeRef(cur), *back), {}, shape, dtype)
     ed.replace_in("output", cur, out)
     ops = [words, *(g.words(n) for n in tail)]
