@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One benchmark call on the lent GPU machine, the same way every time:
+#   bash bench/device_run.sh [bench.kernelbench options ...]
+# e.g. bash bench/device_run.sh --only level2/47_ level2/51_ --timeout 150 --budget 400
+# The device tool copies the working tree with `carry: [".whl", ".kb"]` (bench/device_prep.sh makes
+# them); nothing there can reach the network.  This installs the wheels the image lacks (once per
+# machine), turns isolation on with the carried bubblewrap, runs the dev set's tasks with the
+# options given, and copies the records, tables and the policy data harvested from the runs' drafts
+# to $OUT, also when the run is cut short, so the caller copies $OUT's files into the repo before
+# the next call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -d /tmp/site/langgraph ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+fi
+mkdir -p /tmp/bin && cp .whl/bwrap /tmp/bin/ && chmod +x /tmp/bin/bwrap
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MTMC_BWRAP=/tmp/bin/bwrap
+OUT=${OUT:-/tmp/out}
+copy_out() {
+    mkdir -p "$OUT/policy"
+    cp bench/results/kernelbench-dev-h*.* bench/results/kernelbench-baselines.jsonl "$OUT/" 2>/dev/null
+    cp bench/data/policy/*harvest* "$OUT/policy/" 2>/dev/null
+    df -h / | tail -1
+}
+trap copy_out EXIT
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+python3 -m bench.kernelbench .kb/kernelbench-dev --max-steps 2 --compile-modes default "$@" 2>&1 \
+    | grep -v '^\s*$' | grep -v '\.\.\.$' | tail -40
