@@ -23,6 +23,7 @@ copy_out() {
     df -h / | tail -1
 }
 trap copy_out EXIT
+trap "exit 143" TERM INT   # so a timeout still copies what finished
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 python3 -m bench.kernelbench .kb/kernelbench-dev --max-steps 2 --compile-modes default "$@" 2>&1 \
     | grep -v '^\s*$' | grep -v '\.\.\.$' | tail -40
