@@ -33,7 +33,7 @@ def test_padding_modes_in_words(text, mode, padding):
     # axes named in words that do not fit the tensor
     ("mean over the spatial dims of a 64x1024 tensor", "has no spatial dims"),
     ("sum over the last four dims of a 8x16x32 tensor", "it has only 3"),
-    ("softmax over the spatial dims of a 8x16x32x32 tensor", "Softmax over dims [2, 3] of a 4-d tensor is not supported"),
+    ("softmax over the first two dims of a 8x16x32x32 tensor", "Softmax over dims [0, 1] of a 4-d tensor is not supported"),
     ("max over the middle dim of a 8x16x32x64 tensor", "ambiguous"),
     ("sum over the middle dim of a 128x4096 tensor", "ambiguous"),
 ])

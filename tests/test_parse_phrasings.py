@@ -342,3 +342,20 @@ def test_functional_norm_and_prod_calls(text, op, params):
 ])
 def test_sizes_said_before_their_name_or_as_of_size(text, dims):
     assert spec_of(text).dims == dims
+
+
+@pytest.mark.parametrize("text,op,dims", [
+    ("layer norm over the last two dims of 16x64x32x32", "layernorm", {"M": 1024, "N": 1024}),
+    ("rms norm over the last three dims of 8x16x32x32, bf16", "rmsnorm", {"M": 8, "N": 16384}),
+    ("softmax over dims 2 and 3 of a 16x64x32x32 tensor", "softmax", {"M": 1024, "N": 1024}),
+])
+def test_a_norm_or_softmax_over_the_last_dims_is_one_over_them_flattened(text, op, dims):
+    res = parse_request(text)   # was refused: "row ops work along the last dim only"
+    assert res.ok, res.message
+    assert (res.spec.op, res.spec.dims) == (op, dims)
+    assert any("flattened" in a for a in res.assumptions)
+
+
+def test_a_norm_over_dims_that_do_not_end_the_tensor_is_still_refused():
+    res = parse_request("layer norm over dims 1 and 2 of 16x64x32x32")
+    assert not res.ok and "last dim" in res.message

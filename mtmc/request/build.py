@@ -10,7 +10,7 @@ from mtmc.kernels.spec import KernelSpec
 from mtmc.request.reading import (
     DEFAULT_BMM, DEFAULT_SIZE, _AFTER, _BOUNDARY, _Ctx, _Fail, _Item, _SEQ, _SIZE_NAMES, _rx,
 )
-from mtmc.request.words import _check_axis, _did_you_mean, _unread_words
+from mtmc.request.words import _check_axis, _did_you_mean, _unread_words, symbolic_axis
 
 
 # -- choosing the op --------------------------------------------------------------------------
@@ -178,8 +178,22 @@ def _values(ctx: _Ctx, family: str, *allowed: str) -> dict[str, float]:
 
 def _row_spec(ctx: _Ctx, family: str, op: str, params: dict) -> KernelSpec:
     m, n, shape = _row_dims(ctx)
-    _check_axis(ctx, len(shape), op)
+    k = _trailing_run(ctx, len(shape)) if family in ("norm", "softmax") else None
+    if k:   # a norm or softmax over the last k dims is one over them flattened into a row
+        m, n = math.prod(shape[:-k]), math.prod(shape[-k:])
+        ctx.assume(f"{op} over the last {k} dims ({_x(shape[-k:])}) computed over each row of N={n}, "
+                   "those dims flattened")
+    else:
+        _check_axis(ctx, len(shape), op)
     return KernelSpec(family, op, {"M": m, "N": n}, _dtype(ctx), params)
+
+
+def _trailing_run(ctx: _Ctx, ndim: int) -> int | None:
+    """k when the request's axis is the last k >= 2 dims ("the last two dims", "dims 2 and 3" of a 4-d)."""
+    d = symbolic_axis(ctx, ndim)
+    if isinstance(d, list) and len(d) >= 2 and d == list(range(ndim - len(d), ndim)):
+        return len(d)
+    return None
 
 
 def _steps(items: list[_Item]) -> list[dict]:
