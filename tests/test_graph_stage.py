@@ -404,3 +404,21 @@ def test_a_why_question_about_a_rewrite_is_answered_from_the_module_records():
     summary = {"file": "m.py", "groups": [], "torch_ops": [], "rewrites": {"applied": [], "refused": [record]}}
     answer = fusion_answer("why was the batchnorm not folded?", summary)
     assert "fold_batchnorm" in answer and "training-mode BatchNorm uses batch statistics" in answer
+
+
+@pytest.mark.parametrize("forward, init, made, gone", CONSTANT_CASES, ids=["x-x", "softmax1"])
+def test_a_constant_made_from_the_recorded_shapes_follows_another_batch(tmp_path, forward, init, made, gone):
+    """The fill is made in the recorded call's shape (4, 1): a batch of 8 got a (4, 1) result
+    (KernelBench L2 66 and 80 held-out replicas). ModelNew now runs Model's forward there."""
+    path = _module(tmp_path, forward, init)
+    stage = graph_stage.run(capture(str(path)))
+    model, new, module, inputs, _ = _both(tmp_path / path.name, path.read_text(), stage["captured"])
+    _close(model, new)
+    bigger = torch.rand(8, 16)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        expect = m_out = module(bigger)   # ModelNew on another batch ...
+        torch.manual_seed(1)
+        expect = super(type(module), module).forward(bigger)   # ... is Model's forward on it
+    assert m_out.shape == expect.shape == (8, 1)
+    _close(expect, m_out)

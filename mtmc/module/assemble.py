@@ -349,6 +349,26 @@ def forward_source(graph: fx.Graph, fn_name: str) -> tuple[str, dict]:
     return src, used
 
 
+def shape_guard(src: str, desc: dict, original: str) -> str:
+    """`src` (an fx forward) that runs `original` (the module's own forward) unless its tensor inputs
+    have the shapes of the recorded call: the graph stage made a value from those shapes (a
+    constant fill), which inputs of other shapes (another batch) would not match."""
+    holders = [n for n in desc["nodes"] if n["op"] == "placeholder"]
+    if not holders or any(not str(n["target"]).isidentifier() for n in holders):
+        return src
+    tensors = [(n["target"], n["value"]["tensor"]["shape"]) for n in holders
+               if isinstance(n.get("value"), dict) and "tensor" in n["value"]]
+    if not tensors:
+        return src
+    lines = src.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.rstrip().endswith(":"))   # the def's last line
+    test = " or ".join(f"tuple({name}.shape) != {tuple(shape)!r}" for name, shape in tensors)
+    call = ", ".join(["self", *(n["target"] for n in holders)])
+    guard = [f"    if {test}:  # a value below was made for the recorded shapes",
+             f"        return {original}({call})"]
+    return "\n".join(lines[:end + 1] + guard + lines[end + 1:]) + "\n"
+
+
 def _ident(path: str) -> str:
     s = re.sub(r"\W", "_", path)
     return s if s.isidentifier() and not keyword.iskeyword(s) else f"m_{s}"
@@ -385,6 +405,8 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
         stand_ins.update(made)
         fn = f"_mtmc_forward_{_ident(path)}" if path else "forward"
         src, used = forward_source(graph, fn)
+        if desc.get("shapes_fixed"):
+            src = shape_guard(src, desc, "Model.forward" if not path else "type(self).forward")
         for name, obj in used.items():
             used_globals.setdefault(name, obj)
         if path:

@@ -15,7 +15,8 @@ graph output the same tensor as an input or a parameter (the caller could see on
 other), and where the dtype or shape would change.  A softmax of a row holding inf or nan gives
 nan, the constant does not (nor does inf - inf): the rewrites assume finite values (the guard
 checks finite inputs).  A constant is made from the shape alone (`new_ones` on a graph input, for
-its device), so whatever only fed the replaced op is dropped with it: pure functions and module
+its device; ModelNew then runs Model's forward on inputs of other shapes), so whatever only fed
+the replaced op is dropped with it: pure functions and module
 calls, but never an in-place op nor a module updating its buffers (a norm with running statistics
 in training mode); a dropout so dropped no longer draws its random numbers, so none is dropped
 while another random op stays (its draws would change).
@@ -136,6 +137,9 @@ def _constant(g: Graph, ed: Editor, name: str, make: str, src: str, t, from_shap
     if first is None or not from_shape:
         fn = q(torch.ones_like) if make == "ones" else q(torch.zeros_like)
         return ed.add(name, make, "call_function", fn, (NodeRef(src),), {}, t[0], t[1])
+    # its shape is the recorded call's: ModelNew runs Model's own forward on inputs of other shapes
+    # (assemble.shape_guard), where the constant's shape could differ
+    ed.desc["shapes_fixed"] = True
     return ed.add(name, make, "call_method", f"new_{make}", (NodeRef(first), tuple(t[0])),
                   {"dtype": getattr(torch, t[1])}, t[0], t[1])
 
