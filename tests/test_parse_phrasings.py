@@ -359,3 +359,20 @@ def test_a_norm_or_softmax_over_the_last_dims_is_one_over_them_flattened(text, o
 def test_a_norm_over_dims_that_do_not_end_the_tensor_is_still_refused():
     res = parse_request("layer norm over dims 1 and 2 of 16x64x32x32")
     assert not res.ok and "last dim" in res.message
+
+
+@pytest.mark.parametrize("text,params", [
+    ("softplus with threshold 10 on 1024x1024", {"value": 1.0, "threshold": 10.0}),
+    ("softplus, beta=2, threshold=10, on a 1024x1024 tensor", {"value": 2.0, "threshold": 10.0}),
+    ("softplus with beta 2 on 1024x1024", {"value": 2.0}),
+])
+def test_softplus_parameters_each_on_their_own(text, params):
+    (step,) = spec_of(text).params["chain"]   # a threshold alone, or after a comma, was refused
+    assert step == {"op": "softplus", **params}
+
+
+@pytest.mark.parametrize("text", ["compute A^T B where A is 1024x512 and B is 1024x256",
+                                  "A.T @ B with A 1024x512 and B 1024x256"])
+def test_a_transposed_left_operand_is_refused_in_plain_words(text):
+    res = parse_request(text)   # the message read "the left operand of @ must be a plain tensor"
+    assert not res.ok and "left operand transposed (A^T B)" in res.message

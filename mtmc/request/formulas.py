@@ -25,6 +25,10 @@ _UNARY_FUNCS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu",
                 "hardswish": "hardswish", "softsign": "softsign", "logsigmoid": "log_sigmoid",
                 "log_sigmoid": "log_sigmoid"}
 # one-input functions with a number (x, value) and its keyword and default: softplus(x, beta)
+# A^T B: the matmul kernel reads B transposed through its strides (x @ W^T), not A
+_TRANSPOSED_LEFT = ("a matmul with its left operand transposed (A^T B) is not written in words: the matmul "
+                    "kernel reads a transposed B (x @ W^T) but not a transposed A; ask for B^T A and transpose "
+                    "the result, or upload the module (a module's A.T @ B is served)")
 _VALUE_FUNCS = {"softplus": ("beta", 1.0), "elu": ("alpha", 1.0), "celu": ("alpha", 1.0)}
 _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "log_softmax"),
                "logsoftmax": ("softmax", "log_softmax"), "layer_norm": ("norm", "layernorm"),
@@ -310,10 +314,13 @@ class _Walker:
         if kind == "call":
             return self.call(node)
         if kind == "T":
-            self.fail(node, "a transpose only fits the weight of a matmul (x @ W^T)")
+            self.fail(node, _TRANSPOSED_LEFT if node[1][0] == "name" else
+                      "a transpose only fits the weight of a matmul (x @ W^T)")
         self.fail(node, "this does not read the input tensor")
 
     def matmul(self, a, b) -> tuple:
+        if a[0] == "T":
+            self.fail(a, _TRANSPOSED_LEFT)
         if a[0] != "name":
             self.fail(a, "the left operand of @ must be a plain tensor (no ops before a matmul)")
         if b[0] == "T" and b[1][0] == "name":

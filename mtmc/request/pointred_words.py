@@ -25,13 +25,15 @@ from mtmc.request.words import is_symbolic, symbolic_axis
 
 _EQ = r"\s*(?:=|:|of|is)?\s*"
 _V = r"(?:\s*\(?\s*(?:with\s+)?(?:an?\s+|the\s+)?"   # opens an optional "(with alpha 0.5)"
+_P = r"\s*[(,]?\s*(?:with\s+|and\s+)?(?:an?\s+|the\s+)?"   # before one of several named parameters
 # (pattern, op, the parameters its named groups hold: group -> (step key, default))
 _ACTIVATIONS = [
     (rf"\bc[\s_-]?elu\b{_V}alpha{_EQ}(?P<a>{NUM})\s*\)?)?", "celu", {"a": ("value", 1.0)}),
     (rf"\bs[\s_-]?elu\b", "selu", {}),
     (rf"\belu\b{_V}alpha{_EQ}(?P<a>{NUM})\s*\)?)?", "elu", {"a": ("value", 1.0)}),
-    (rf"\bsoft[\s_-]?plus\b{_V}beta{_EQ}(?P<b>{NUM}))?(?:\s*,?\s*(?:and\s+)?(?:a\s+|the\s+)?threshold{_EQ}"
-     rf"(?P<t>{NUM}))?\s*\)?", "softplus", {"b": ("value", 1.0), "t": ("threshold", 20.0)}),
+    # beta and threshold each optional ("softplus with threshold 10", "softplus, beta=2" were refused)
+    (rf"\bsoft[\s_-]?plus\b(?:{_P}beta{_EQ}(?P<b>{NUM}))?(?:{_P}threshold{_EQ}(?P<t>{NUM}))?\s*\)?",
+     "softplus", {"b": ("value", 1.0), "t": ("threshold", 20.0)}),
     (r"\bhard[\s_-]?sigmoid\b", "hardsigmoid", {}),
     (r"\bhard[\s_-]?swish\b", "hardswish", {}),
     (r"\bsoft[\s_-]?sign\b", "softsign", {}),
