@@ -376,3 +376,14 @@ def test_softplus_parameters_each_on_their_own(text, params):
 def test_a_transposed_left_operand_is_refused_in_plain_words(text):
     res = parse_request(text)   # the message read "the left operand of @ must be a plain tensor"
     assert not res.ok and "left operand transposed (A^T B)" in res.message
+
+
+@pytest.mark.parametrize("text,dims", [
+    ("relu on a batch of 8 64x64 matrices", {"M": 512, "N": 64}),
+    ("softmax over the last dim of 64x128, batch 4", {"M": 256, "N": 128}),
+    ("gelu on a 32x4096 tensor, batch 32", {"M": 32, "N": 4096}),   # the batch is the shape's rows
+])
+def test_a_batch_beside_one_shape_is_its_leading_dim(text, dims):
+    res = parse_request(text)   # was refused: "the shape 64x64 has 64 rows, but the request also says 8"
+    assert res.ok, res.message
+    assert res.spec.dims == dims

@@ -130,7 +130,14 @@ def _has_vector(ctx: _Ctx) -> bool:
 def _row_dims(ctx: _Ctx) -> tuple[int, int, list[int]]:
     """(M, N, shape) of a row op or elementwise chain: leading dims multiply into M."""
     shape = _one_shape(ctx)
+    batch_only = "batch" in ctx.sizes and not {"rows", "seq"} & set(ctx.sizes)
     rows, cols = _row_words(ctx), ctx.sizes.get("cols")
+    if shape and batch_only and rows != math.prod(shape[:-1]):
+        # "relu on a batch of 8 64x64 matrices": the batch is a leading dim of the shape said
+        # (it was taken as the row count and refused against the shape's 64 rows)
+        ctx.assume(f"batch {rows} read as a leading dim: {_x([rows, *shape])}")
+        shape = [rows, *shape]
+        rows = math.prod(shape[:-1])
     rows = _agree(ctx, "M", rows, "the number of rows")
     cols = _agree(ctx, "N", cols, "the row width")
     _use(ctx, "cols", "M", "N")
