@@ -387,3 +387,24 @@ def test_a_batch_beside_one_shape_is_its_leading_dim(text, dims):
     res = parse_request(text)   # was refused: "the shape 64x64 has 64 rows, but the request also says 8"
     assert res.ok, res.message
     assert res.spec.dims == dims
+
+
+@pytest.mark.parametrize("text,gated,after", [
+    ("hard sigmoid then multiply by x on a 1024x1024 tensor", [{"op": "hardsigmoid"}], []),
+    ("softplus then tanh then multiply by the input on 4096x4096 fp16",
+     [{"op": "softplus", "value": 1.0}, {"op": "tanh"}], []),
+    ("tanh then multiply by the original input, then scale by 2, on a 1024x1024 tensor",
+     [{"op": "tanh"}], [{"op": "scale", "value": 2.0}]),
+])
+def test_multiply_by_the_input_gates_the_steps_before_it(text, gated, after):
+    chain = spec_of(text).params["chain"]   # was refused: "I saw 'multiply' but not what it applies to"
+    assert chain == [{"op": "fork", "binop": "mul", "left": [], "right": gated}, *after]
+
+
+@pytest.mark.parametrize("text,why", [
+    ("matmul of 64x128 and 128x256 then gelu then multiply by the input", "elementwise chain of the input only"),
+    ("multiply by the input on 1024x1024", "one run of steps on the input alone"),
+])
+def test_multiply_by_the_input_elsewhere_is_refused(text, why):
+    res = parse_request(text)   # the matmul case once read 'multiply' as a second matmul and dropped it
+    assert not res.ok and why in res.message

@@ -10,7 +10,7 @@ from mtmc.kernels.spec import KernelSpec
 from mtmc.request.reading import (
     DEFAULT_BMM, DEFAULT_SIZE, _AFTER, _BOUNDARY, _Ctx, _Fail, _Item, _SEQ, _SIZE_NAMES, _rx,
 )
-from mtmc.request.words import _check_axis, _did_you_mean, _unread_words, symbolic_axis
+from mtmc.request.words import GATE, _check_axis, _did_you_mean, _unread_words, symbolic_axis
 
 
 # -- choosing the op --------------------------------------------------------------------------
@@ -203,8 +203,21 @@ def _trailing_run(ctx: _Ctx, ndim: int) -> int | None:
     return None
 
 
-def _steps(items: list[_Item]) -> list[dict]:
-    return [dict(it.step) for it in items]
+def _steps(items: list[_Item], gate_ok: bool = False) -> list[dict]:
+    """The items' steps; "multiply by the input" makes the steps said before it one fork step
+    x * f(x) (an elementwise chain of the input only: `gate_ok`)."""
+    steps = [dict(it.step) for it in items]
+    gates = [i for i, st in enumerate(steps) if st["op"] == GATE]
+    if not gates:
+        return steps
+    i = gates[0]
+    if not gate_ok:
+        raise _Fail("'multiply by the input' (x * f(x)) gates an elementwise chain of the input only; here "
+                    "the value before it is not the input. Write the formula, e.g. 'y * gelu(y)'.")
+    if len(gates) > 1 or i == 0 or pointwise.operands(steps[:i]):
+        raise _Fail("'multiply by the input' takes one run of steps on the input alone before it "
+                    "(e.g. 'sigmoid then multiply by the input', x * sigmoid(x)); write the formula otherwise.")
+    return [{"op": "fork", "binop": "mul", "left": [], "right": steps[:i]}] + steps[i + 1:]
 
 
 def _build_softmax(ctx: _Ctx, op: str) -> KernelSpec:
@@ -282,7 +295,7 @@ def _build_norm(ctx: _Ctx, op: str) -> KernelSpec:
 
 def _build_elementwise(ctx: _Ctx, op: str) -> KernelSpec:
     _values(ctx, "elementwise")
-    chain = _steps(_ordered(ctx))
+    chain = _steps(_ordered(ctx), gate_ok=True)
     _image_batch(ctx)
     m, n, shape = _row_dims(ctx)
     params: dict = {"chain": chain}

@@ -152,6 +152,12 @@ def refuse_unsupported(ctx: _Ctx, table=None) -> None:
                         "so I cannot write it.")
 
 
+# "sigmoid then multiply by the input": x * sigmoid(x) (request.build makes it one fork step)
+GATE = "gate_by_input"
+_BY_INPUT = (r"\bmultipl\w*\s+(?:it\s+|the\s+result\s+)?by\s+(?:the\s+)?(?:original\s+|same\s+)?(?:input(?:\s+tensor)?|x)\b"
+             r"(?!\s*(?:and|with|by|to|from)\s+y\b)|\btimes\s+(?:the\s+)?(?:original\s+|same\s+)?input\b")
+
+
 def _read_words(ctx: _Ctx) -> None:
     for m in ctx.take(_LAYOUT_NK):
         ctx.flags.add("nk")
@@ -160,6 +166,8 @@ def _read_words(ctx: _Ctx) -> None:
     for m in ctx.take(_MATVEC):   # its one matrix shape times a vector ("gemv 8192x4096" was refused)
         ctx.flags.add("matvec")
         ctx.add_core(m, "matmul", "matmul")
+    for m in ctx.take(_BY_INPUT):   # before the products: "multiply by the input" names no second tensor
+        ctx.add_steps(m, [{"op": GATE}])
     _read_matrix_product(ctx)
     for op, verbs in _BINARY_VERBS.items():
         for m in ctx.take(_binary_pattern(verbs)):
