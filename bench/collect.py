@@ -50,12 +50,17 @@ DEADLINE_GRACE_S = 30.0   # a spec still measuring this long after the budget is
 
 def profile_key(hw) -> str:
     """The hardware profile's short name ("h200"), or the device's name made a token."""
+    return profile_key_of(hw.name)
+
+
+def profile_key_of(name: str) -> str:
+    """profile_key for a GPU's name (a history's profile dict keeps only that)."""
     from mtmc.tools.hardware import PROFILES, get_profile
     try:
-        prof = get_profile(hw.name)
+        prof = get_profile(name)
         return next(k for k, p in PROFILES.items() if p is prof)
     except (ValueError, StopIteration):
-        return "".join(c if c.isalnum() else "-" for c in hw.name.lower()).strip("-")
+        return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
 
 def versions() -> dict:

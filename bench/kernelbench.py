@@ -13,7 +13,7 @@ repo).  Per task:
      ("module_baseline" jobs, one child per mode), cached in RESULTS/kernelbench-baselines.jsonl
      by (task sha256, GPU, torch, triton, mode), so no later run compiles them again.
   4. on a GPU, the measured drafts of the task's run join the policy's dataset (--policy-data,
-     policy.harvest).
+     bench.harvest).
 RESULTS/NAME.jsonl gets one line per task as soon as it finishes (a re-run skips the tasks
 recorded there unless --redo; a task's last line wins); NAME.md (per-level and per-task tables)
 and NAME.json (meta, per-level totals, rows) are rewritten after every task.
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bench.record import Results, run_meta
 from mtmc.memory.shared import merge_from_workers
-from mtmc.policy import harvest
+from bench import harvest
 from mtmc.tools.cluster import Engine, add_cluster_args, die_with_parent, open_engine
 from mtmc.tools.isolation import Confinement
 from mtmc.tools.worker import run_job
@@ -599,7 +599,7 @@ def run_all(tasks: list[Task], opts: Options, records_path: Path, results: Resul
             policy_data: Path | None = None) -> int:
     """Every task not yet recorded, one after another, or as tasks of `engine`'s cluster; on a GPU
     the measured drafts of each task's run join the policy's dataset in `policy_data`
-    (policy.harvest)."""
+    (bench.harvest)."""
     run = harvest.new_run()
     take_drafts = (lambda: _harvest(policy_data, run)) if policy_data and opts.device == "cuda" else (lambda: None)
     done = latest_records(records_path)

@@ -1,4 +1,4 @@
-"""The product's measured drafts as policy data (mtmc.policy.harvest): a GPU run's history in the
+"""The product's measured drafts as policy data (bench.harvest): a GPU run's history in the
 memory's log becomes dataset records the cost model reads, once per (spec, config, GPU)."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import copy
 
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory.log import HistoryLog
-from mtmc.policy import dataset, harvest
+from bench import harvest
+from mtmc.policy import dataset
 from mtmc.policy.cost_model import table
 from mtmc.policy.features import Layout
 from mtmc.request.parse import parse_request

@@ -11,17 +11,17 @@ ones (not already in the dataset for that GPU) as one file, `<date>-<gpu>-harves
 Only measured histories count: an offline run's times are roofline estimates.  Custom groups
 (kernels the model wrote) have no config to learn from and are skipped.
 
-    python -m mtmc.policy.harvest [$MTMC_HOME | histories.jsonl ...] [--out bench/data/policy]
+    python -m bench.harvest [$MTMC_HOME | histories.jsonl ...] [--out bench/data/policy]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import secrets
 import sys
 from pathlib import Path
 
+from bench.collect import profile_key_of
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.memory.log import HistoryLog
 from mtmc.policy import dataset
@@ -32,17 +32,6 @@ from mtmc.policy.actions import config_key
 _STAGE_OF_KIND = {"compile_error": "compile_error", "runtime_error": "compile_error",
                   "wrong_values": "wrong", "guard_rejected": "wrong",
                   "timed_out": "timeout", "crashed": "timeout"}
-
-
-def _profile_key(gpu: dict) -> str:
-    """The hardware profile's short name ("h100") of a history's GPU profile dict."""
-    from mtmc.tools.hardware import PROFILES, get_profile
-    name = str(gpu.get("name", ""))
-    try:
-        prof = get_profile(name)
-        return next(k for k, p in PROFILES.items() if p is prof)
-    except (ValueError, StopIteration):
-        return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "unknown"
 
 
 def _stage(verdict: dict) -> str | None:
@@ -66,7 +55,7 @@ def records_from_history(h: dict, run: str) -> list[dict]:
         return []
     gpu = h.get("gpu") or {}
     versions = {"torch": (h.get("versions") or {}).get("torch"), "triton": (h.get("versions") or {}).get("triton"),
-                "python": None, "mtmc_commit": None}
+                "python": platform.python_version(), "mtmc_commit": None}
     out, seen = [], set()
     for step in h.get("steps") or []:
         config, verdict = step.get("config"), step.get("verdict")
@@ -84,7 +73,7 @@ def records_from_history(h: dict, run: str) -> list[dict]:
             spec=spec_d, spec_key=spec.key(), family=spec.family, config=config, config_key=key,
             resources=resources, legal=stage != "masked", stage=stage,
             error=None if stage == "ok" else (verdict.get("detail") or verdict.get("kind") or "")[:300],
-            ms=ms, measured=ms is not None, gpu=_profile_key(gpu), device_name=str(gpu.get("name", "")),
+            ms=ms, measured=ms is not None, gpu=profile_key_of(str(gpu.get("name", ""))) or "unknown", device_name=str(gpu.get("name", "")),
             date=str(h.get("created", ""))[:10], versions=versions, run=run,
             set=dataset.split_of(spec.key())).to_dict())
     return out
@@ -110,20 +99,18 @@ def harvest(sources: list[str], out_dir: str | Path = dataset.DEFAULT_DIR, run: 
     out_dir = Path(out_dir)
     run = run or new_run()
     existing = dataset.load(out_dir) if out_dir.is_dir() else []
-    have = {(r["spec_key"], r["config_key"], r["gpu"]) for r in existing}
+    done: dict[str, set] = {}   # per GPU, as the collector counts them (the interpreter's rows apart)
     rows = []
     for log in _logs(sources):
         for h in HistoryLog(log).records().values():
             for r in records_from_history(h, run):
+                have = done.setdefault(r["gpu"], dataset.done_keys(existing, r["gpu"]))
                 k = (r["spec_key"], r["config_key"], r["gpu"])
                 if k not in have:
                     have.add(k)
                     rows.append(r)
     if not rows:
         return None, 0
-    python = platform.python_version()
-    for r in rows:
-        r["versions"]["python"] = python
     path = out_dir / dataset.file_name(rows[0]["date"] or "undated", rows[0]["gpu"], run)
     dataset.append(path, rows)
     return path, len(rows)
@@ -131,7 +118,7 @@ def harvest(sources: list[str], out_dir: str | Path = dataset.DEFAULT_DIR, run: 
 
 def main(argv=None) -> int:
     from mtmc.tools.paths import home
-    ap = argparse.ArgumentParser(prog="python -m mtmc.policy.harvest", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.harvest", description=__doc__.split("\n\n")[0])
     ap.add_argument("sources", nargs="*", help="MTMC_HOME folders or histories.jsonl files (default: $MTMC_HOME)")
     ap.add_argument("--out", default=str(dataset.DEFAULT_DIR), help="the dataset folder")
     args = ap.parse_args(argv)
