@@ -260,21 +260,25 @@ def _read_metadata_from(graph: fx.Graph, n: fx.Node, call: fx.Node, had_users: s
     not count those readers as users) stays in the graph while they do, which would run the
     group's ops in PyTorch too: readers left dead by the group go, and the rest read the group's
     output where it has the same metadata they read (the device always; the dtype; the shape),
-    moved after it where nothing before that reads them."""
+    moved after it where nothing before that reads them.  A value read for its data stays."""
     from mtmc.module.fx_ops import metadata_reader
+    if not all(metadata_reader(m) for m in n.users):
+        return
     order = _position(graph)
     for m in sorted({r for r in n.users} | {d for r in n.users for d in _downstream(r)}, key=order, reverse=True):
         if not m.users and m.name in had_users:   # fed only what the group replaced
             graph.erase_node(m)
     readers = list(n.users)
+    if not readers:
+        return
     inner, *outs = _tensor_meta(desc, [n.name, *replaced])
-    if not readers or not outs or not inner:
+    if not outs or not inner:
         return
     for m in readers:
         what = metadata_reader(m)
         keys = {"device": (), "is_cuda": (), "dtype": ("dtype",), "is_floating_point": ("dtype",)}.get(
             what, ("shape", "dtype"))
-        if not what or any(o.get(k) != inner.get(k) for o in outs for k in keys):
+        if any(o.get(k) != inner.get(k) for o in outs for k in keys):
             return
         if order(m) < order(call) and any(order(u) < order(call) for u in _downstream(m)):
             return

@@ -37,12 +37,11 @@ class _Refs(dict):
         return NodeRef(name)
 
 
-def _metadata_of(n: dict) -> str | None:
-    """The node whose metadata `n` reads (getattr shape/dtype/device, size(), dim(), numel()), if any."""
+def _metadata_of(n: dict) -> tuple[str, str] | None:
+    """(the node whose metadata `n` reads, what it reads: "device", "shape", "size" ...), if any."""
     args = decode_arg(n["args"], _Refs())
-    if not args or not isinstance(args[0], NodeRef):
-        return None
-    return args[0].name if _metadata_kind(n["op"], n["target"], args) else None
+    kind = _metadata_kind(n["op"], n["target"], args) if args and isinstance(args[0], NodeRef) else None
+    return (args[0].name, kind) if kind else None
 
 
 def _metadata_kind(op: str, target, args) -> str | None:
@@ -79,13 +78,13 @@ class Graph:
         # pointwise chain (the assembler points such readers at the group's output, or keeps the
         # producer).  The graph stage's rewrites change values' shapes, so they see every reader.
         self.users: dict[str, list[str]] = {n["name"]: [] for n in self.nodes}
-        self.metadata_readers: dict[str, list[str]] = {n["name"]: [] for n in self.nodes}
+        self.reads_metadata: dict[str, str] = {}   # reader -> what it reads of its first argument
         for n in self.nodes:
             meta = _metadata_of(n)
+            if meta:
+                self.reads_metadata[n["name"]] = meta[1]
             for used in dict.fromkeys(arg_nodes(n["args"]) + arg_nodes(n["kwargs"])):
-                if used == meta:
-                    self.metadata_readers[used].append(n["name"])
-                if used != meta or not data_users:
+                if not (data_users and meta and used == meta[0]):
                     self.users[used].append(n["name"])
 
     def args(self, name: str) -> tuple[tuple, dict]:
@@ -99,9 +98,7 @@ class Graph:
 
     def layout_free_reader(self, name: str) -> bool:
         """Whether node `name` reads only metadata that a layout change keeps (x.device, x.dim())."""
-        n = self.by_name[name]
-        args = decode_arg(n["args"], _Refs())
-        return bool(args) and isinstance(args[0], NodeRef) and _metadata_kind(n["op"], n["target"], args) in LAYOUT_FREE
+        return self.reads_metadata.get(name) in LAYOUT_FREE
 
     def tensor(self, ref) -> tuple[list[int], str] | None:
         """(shape, dtype) when `ref` (a NodeRef or a name) produced a tensor."""

@@ -23,16 +23,16 @@ def tensor_value(shape, dtype: str) -> dict:
     return {"tensor": {"shape": [int(s) for s in shape], "dtype": dtype}}
 
 
-def _encode(a):
+def encode(a):
     """Python values (NodeRef for a node) as fxjson arguments."""
     if isinstance(a, NodeRef):
         return {"node": a.name}
     if isinstance(a, tuple):
-        return {"tuple": [_encode(x) for x in a]}
+        return {"tuple": [encode(x) for x in a]}
     if isinstance(a, list):
-        return [_encode(x) for x in a]
+        return [encode(x) for x in a]
     if isinstance(a, dict):
-        return {"dict": {k: _encode(v) for k, v in a.items()}}
+        return {"dict": {k: encode(v) for k, v in a.items()}}
     return encode_arg(a)
 
 
@@ -65,8 +65,8 @@ class Editor:
         a Python number (a size), recorded as its value instead of a tensor."""
         name = self.fresh(base)
         value = {"value": encode_arg(scalar)} if shape is None else tensor_value(shape, dtype)
-        node = {"name": name, "op": op, "target": target, "args": _encode(tuple(args)),
-                "kwargs": _encode(dict(kwargs or {})), "value": value}
+        node = {"name": name, "op": op, "target": target, "args": encode(tuple(args)),
+                "kwargs": encode(dict(kwargs or {})), "value": value}
         self.nodes.insert(self.index(before), node)
         self.made.append(name)
         line_of = self.desc.setdefault("line_of", {})

@@ -12,8 +12,9 @@ So the island keeps the output channels-last to the end:
   out = t.permute(0, 3, 1, 2)                       # NCHW-shaped, channels-last strides: a view
 
 Legal only where the tail is pointwise (its other operands numbers, per-channel tensors or single
-values) or a softmax over the channels (a row softmax channels-last), and its result is a graph output: a later group of ours reads its input contiguous, so it
-would copy the tensor back, and the conversion would not pay.  The result has Model's shape and
+values) or a softmax over the channels (a row softmax channels-last), and its result is a graph
+output: a later group of ours reads its input contiguous, so it would copy the tensor back, and
+the conversion would not pay.  The result has Model's shape and
 values in channels-last strides.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from mtmc.module.fx_ops import Anchor, Graph, NodeRef, Pointwise
 from mtmc.module.graph_stage.common import CONV_FUNCTIONS, CONV_MODULES, classify, per_feature
-from mtmc.module.graph_stage.edit import Editor, _encode, numel, tensor_value
+from mtmc.module.graph_stage.edit import Editor, encode, numel, tensor_value
 from mtmc.module.graph_stage.records import Candidate
 
 RULE = "channels_last"
@@ -149,7 +150,7 @@ def channels_last(desc: dict, conv: str) -> Candidate:
         if isinstance(a, Anchor):   # a channel softmax: over the last dim of [N, *spatial, C]
             fn = "torch.softmax" if a.op == "softmax" else "torch.log_softmax"
             x_now = view if a.x.name == conv else a.x
-            ed.node(name).update(op="call_function", target=fn, args=_encode((x_now, rank - 1)), kwargs=_encode({}))
+            ed.node(name).update(op="call_function", target=fn, args=encode((x_now, rank - 1)), kwargs=encode({}))
     out = ed.add("output", "nchw", "call_method", "permute", (NodeRef(cur), *back), {}, shape, dtype)
     ed.replace_in("output", cur, out)
     ops = [words, *(g.words(n) for n in tail)]
