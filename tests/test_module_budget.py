@@ -58,3 +58,21 @@ def test_optimize_with_a_spent_budget_still_writes_and_checks_model_new(tmp_path
     assert summary["groups"] and all(g["status"] == "fallback" and "time budget" in g["reason"]
                                      for g in summary["groups"])
     assert new.exists() and "class ModelNew(Model)" in new.read_text()
+
+
+def test_the_costliest_specs_start_first():
+    """A level-3 CNN fans out ~100 groups four at a time in graph order, so the budget went to the
+    stem's small convs while the big ones waited; the roofline (times the groups sharing a spec)
+    orders them now."""
+    def group(gid, m, n):
+        spec = KernelSpec("elementwise", "relu", {"M": m, "N": n}, "float32", {})
+        return {"id": gid, "spec": spec.to_dict()}
+    small, big, twice = group(0, 64, 64), group(1, 4096, 4096), group(2, 2048, 4096)
+    state = {"groups": [small, big, twice, group(3, 2048, 4096)], "outcomes": {}, "gpu": False}
+    sends = module_flow.fan_out(state)
+    assert [s.arg["group"]["id"] for s in sends] == [1, 2, 0] or [s.arg["group"]["id"] for s in sends] == [2, 1, 0]
+    # 2048x4096 twice costs what 4096x4096 once does; both come before the small one
+    state["groups"] = [small, big, twice]
+    assert [s.arg["group"]["id"] for s in module_flow.fan_out(state)] == [1, 2, 0]
+    state["outcomes"] = {"1": {"status": "done"}}
+    assert [s.arg["group"]["id"] for s in module_flow.fan_out(state)] == [2, 0]
