@@ -206,6 +206,35 @@ def uses_index(chain: list[dict]) -> bool:
                for step in chain)
 
 
+def zeroed_tile(chain: list[dict], rows: tuple[str, str], cols: tuple[str, str]) -> str | None:
+    """A Triton condition, true when a tril / triu step of `chain` (at its top level) zeroes every
+    element of the tile whose rows run rows[0]..rows[1] and columns cols[0]..cols[1] (inclusive
+    bounds as expressions), or None without such a step.  The steps before it are then discarded on
+    that tile (tl.where keeps 0 whatever they gave), so a kernel may skip the tile's work."""
+    parts = []
+    for step in chain:
+        if step.get("op") == "tril":   # kept where col - row <= v: dead when the least col - row is above v
+            parts.append(f"({cols[0]} - ({rows[1]}) > {int(step['value'])})")
+        elif step.get("op") == "triu":   # kept where col - row >= v: dead when the largest is below v
+            parts.append(f"({cols[1]} - ({rows[0]}) < {int(step['value'])})")
+    return " | ".join(parts) or None
+
+
+def kept_share(chain: list[dict], m: int, n: int) -> float:
+    """The share of an [m, n] matrix's elements that the top-level tril / triu steps of `chain` keep
+    (1.0 without them): the work a kernel skipping zeroed tiles still does, roughly."""
+    lo, hi = -(m - 1), n - 1            # the diagonals col - row that are kept
+    for step in chain:
+        if step.get("op") == "tril":
+            hi = min(hi, int(step["value"]))
+        elif step.get("op") == "triu":
+            lo = max(lo, int(step["value"]))
+    if lo > hi:
+        return 0.0
+    kept = sum(min(m, n - d) - max(0, -d) for d in range(lo, hi + 1)) if (m, n) != (0, 0) else 0
+    return kept / (m * n) if m * n else 1.0
+
+
 def error_gain(step: dict, y: str | None = None) -> str | None:
     """The torch expression of the error scale after `step` (ERROR_GAIN formatted for it), or
     None when the step passes an error on at most unchanged.  A fork's gain is its measured

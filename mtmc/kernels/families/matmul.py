@@ -215,6 +215,7 @@ class MatmulFamily(Family):
 
     def _kernel(self, epi: list[dict], cfg: dict) -> str:
         split = int(cfg["SPLIT_K"]) > 1
+        dead = pointwise.zeroed_tile(epi, ("off_m", "off_m + BLOCK_M - 1"), ("off_n", "off_n + BLOCK_N - 1"))
         operands = [] if split else [f"{name}_ptr" for _, name, _ in operand_steps(epi)]
         params = ["a_ptr", "b_ptr", *operands, "partials_ptr" if split else "out_ptr", "M", "N", "K", "B",
                   "stride_ab", "stride_am", "stride_ak", "stride_bb", "stride_bk", "stride_bn",
@@ -231,8 +232,11 @@ class MatmulFamily(Family):
             "# each split sums its own run of whole BLOCK_K chunks",
             "k_chunk = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K",
             "k_lo = split * k_chunk",
+            "k_hi = tl.minimum(k_lo + k_chunk, K)",
+            *(["# a tile the tril / triu step zeroes whole skips its products (tl.where discards them)",
+               f"k_hi = tl.where({dead}, k_lo, k_hi)"] if dead else []),
             "acc = dot_tile(a_ptr + bid * stride_ab, b_ptr + bid * stride_bb, off_m, off_n, k_lo,",
-            "               tl.minimum(k_lo + k_chunk, K), M, N, stride_am, stride_ak, stride_bk, stride_bn,",
+            "               k_hi, M, N, stride_am, stride_ak, stride_bk, stride_bn,",
             "               BLOCK_M, BLOCK_N, BLOCK_K)",
             "rm = tl.arange(0, BLOCK_M)",
             "rn = tl.arange(0, BLOCK_N)",
@@ -315,7 +319,9 @@ class MatmulFamily(Family):
         m, n, k = d["M"], d["N"], d["K"]
         epi = self.epilogue(spec)
         elems = batch * (m * k + k * n + m * n) + elements(self.inputs(spec)[2:], d)
-        return float(batch * m * n * (2 * k + len(epi))), float(elems * DTYPE_BYTES[spec.dtype])
+        # tiles a tril / triu zeroes whole are skipped: their products are not work
+        flops = batch * m * n * (2 * k * pointwise.kept_share(epi, m, n) + len(epi))
+        return float(flops), float(elems * DTYPE_BYTES[spec.dtype])
 
     def check_dims(self, spec: KernelSpec, config: dict) -> dict[str, int]:
         # Rows of tiles: one more than a group (to cross a group boundary into a partial group),
