@@ -522,6 +522,15 @@ def test_a_model_that_keeps_state_between_calls_is_checked_not_taken_for_random(
     assert v["accepted"], format_verdict(v)
 
 
+def test_a_closure_stored_on_model_follows_the_guards_copies():
+    """minGPT's block calls its MLP through `self.mlpf = lambda x: ...`: the guard's deepcopy kept
+    the closure on the original's layers, so the float64 copy failed ("no float64 truth") and the
+    eval-mode copies ran the original's training-mode dropout ("random even in eval mode")."""
+    v = verify(path("ref_closure_mlp"), path("honest_closure_mlp"), device="cpu", timeout_s=TIMEOUT_S)
+    assert v["accepted"], format_verdict(v)
+    assert any("eval mode" in n for n in v["notes"]) and not any("float64" in n for n in v["notes"]), v["notes"]
+
+
 def test_modelnew_is_built_under_models_seed():
     """A tensor Model's constructor draws outside its state_dict (KernelBench's LSTMs keep h0 =
     torch.randn(...)) came out different in ModelNew, so even an all-PyTorch ModelNew was rejected:

@@ -150,7 +150,7 @@ def _mode(model) -> tuple[str, list, bool]:
     for mode in ("train", "eval"):
         # two fresh copies from the state handed over: probing moves no running statistics, and a
         # forward that keeps state (an RNN's self.hidden) is not taken for a random one
-        copies = [copy.deepcopy(model).train(mode == "train") for _ in range(2)]
+        copies = [deep_copy(model).train(mode == "train") for _ in range(2)]
         try:
             a, b = (_eager(c, inputs)[0] for c in copies)
         except Exception as e:
@@ -161,6 +161,33 @@ def _mode(model) -> tuple[str, list, bool]:
         if all(torch.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=True) for x, y in zip(a, b)):
             return mode, notes, _nonneg(inputs)
     raise ValueError("Model gives different outputs on the same inputs even in eval mode: nothing can be checked")
+
+
+def deep_copy(model):
+    """copy.deepcopy of a module whose closures stored on it follow the copy: deepcopy keeps
+    functions as they are, so minGPT's `self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))` in a
+    float64 copy still ran the float32 original's layers (the guard lost its float64 truth), and
+    in an eval-mode copy the original's training-mode dropout."""
+    import types
+    memo: dict = {}
+    new = copy.deepcopy(model, memo)
+    for mod in new.modules():
+        for name, f in list(vars(mod).items()):
+            if isinstance(f, types.FunctionType) and f.__closure__:
+                cells = tuple(_cell_copy(c, memo) for c in f.__closure__)
+                g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, cells)
+                g.__kwdefaults__, g.__dict__ = f.__kwdefaults__, dict(f.__dict__)
+                setattr(mod, name, g)
+    return new
+
+
+def _cell_copy(cell, memo: dict):
+    import types
+    try:
+        value = cell.cell_contents
+    except ValueError:   # an empty cell (a name not bound yet)
+        return cell
+    return types.CellType(memo.get(id(value), value))
 
 
 def _nonneg(inputs: list) -> bool:
@@ -220,7 +247,7 @@ def open_job(job: dict) -> dict:
     model.to(device)
     clock.lap("build")
     try:
-        model64 = copy.deepcopy(model).to(torch.float64)
+        model64 = deep_copy(model).to(torch.float64)
     except Exception:
         model64 = None
     clock.lap("float64 copy")
