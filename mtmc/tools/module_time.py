@@ -203,15 +203,15 @@ def float64_errors(task, model, new, device: str, seed: int) -> dict:
     by default (about 3e-4 of the largest value), our conv kernels keep fp32 accuracy (about
     1e-7): L2 15 on the H100 failed 1e-4 against Model's own fp32 output that way.  {"error": why}
     where float64 cannot be run (memory, an op without a float64 kernel)."""
-    import copy
-
     import torch
+
+    from mtmc.tools.model_copy import deep_copy
     try:
         inputs = make_inputs(task, device, seed)
         ref, out = seeded_forward(model, inputs, seed), seeded_forward(new, inputs, seed)
         wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
         del inputs
-        truth = seeded_forward(copy.deepcopy(model).double(), wide, seed)
+        truth = seeded_forward(deep_copy(model).double(), wide, seed)
         truth = [t.to(r.dtype) if isinstance(t, torch.Tensor) and isinstance(r, torch.Tensor) else t
                  for t, r in zip(truth, ref)]
         return {"model": compare_outputs(ref, truth)["max_rel_err"], "new": compare_outputs(out, truth)["max_rel_err"]}

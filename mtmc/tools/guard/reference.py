@@ -18,12 +18,12 @@ Runs ONLY in a sandboxed child: it imports the reference file.
 """
 from __future__ import annotations
 
-import copy
 import os
 
 from mtmc.tools.guard import numeric
 from mtmc.tools.guard.draw import SIGNED, VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
 from mtmc.tools.guard.exchange import ipc_exports, receive, share, staged_cap
+from mtmc.tools.model_copy import deep_copy
 
 _RUN: dict = {}   # this session's reference run
 HOST = "cpu"      # where float64 truth goes when the device cannot hold it
@@ -161,33 +161,6 @@ def _mode(model) -> tuple[str, list, bool]:
         if all(torch.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=True) for x, y in zip(a, b)):
             return mode, notes, _nonneg(inputs)
     raise ValueError("Model gives different outputs on the same inputs even in eval mode: nothing can be checked")
-
-
-def deep_copy(model):
-    """copy.deepcopy of a module whose closures stored on it follow the copy: deepcopy keeps
-    functions as they are, so minGPT's `self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))` in a
-    float64 copy still ran the float32 original's layers (the guard lost its float64 truth), and
-    in an eval-mode copy the original's training-mode dropout."""
-    import types
-    memo: dict = {}
-    new = copy.deepcopy(model, memo)
-    for mod in new.modules():
-        for name, f in list(vars(mod).items()):
-            if isinstance(f, types.FunctionType) and f.__closure__:
-                cells = tuple(_cell_copy(c, memo) for c in f.__closure__)
-                g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, cells)
-                g.__kwdefaults__, g.__dict__ = f.__kwdefaults__, dict(f.__dict__)
-                setattr(mod, name, g)
-    return new
-
-
-def _cell_copy(cell, memo: dict):
-    import types
-    try:
-        value = cell.cell_contents
-    except ValueError:   # an empty cell (a name not bound yet)
-        return cell
-    return types.CellType(memo.get(id(value), value))
 
 
 def _nonneg(inputs: list) -> bool:
