@@ -422,3 +422,31 @@ def test_a_constant_made_from_the_recorded_shapes_follows_another_batch(tmp_path
         expect = super(type(module), module).forward(bigger)   # ... is Model's forward on it
     assert m_out.shape == expect.shape == (8, 1)
     _close(expect, m_out)
+
+
+# -- dead code ------------------------------------------------------------------------------------
+
+def test_a_value_nothing_reads_is_removed_with_what_only_fed_it(tmp_path):
+    """KernelBench's LSTMHn computes fc(out[:, -1, :]) and returns the LSTM's state: the GEMM ran
+    as a Triton group whose result ModelNew threw away."""
+    path = _module(tmp_path, "unused = torch.relu(self.fc(x[:, :8]))\nreturn self.fc2(x) * 2.0",
+                   "self.fc = nn.Linear(8, 32)\nself.fc2 = nn.Linear(16, 16)")
+    cap, c = _one(path, "dead_code")
+    assert c.legal and c.before.flops > 0 and len(c.ops) == 3, c.ops
+    stage = graph_stage.run(cap)
+    targets = [n["target"] for n in stage["captured"]["graphs"][0]["nodes"]]
+    assert "fc" not in targets and "torch.relu" not in targets and "fc2" in targets, targets
+    *_, part = _matches(tmp_path, path, stage["captured"])
+    assert [g.family for g in part.groups] == ["matmul"]
+
+
+@pytest.mark.parametrize("forward, init, why", [
+    ("unused = self.bn(x)\nreturn x * 2.0", "self.bn = nn.BatchNorm1d(16)", "changes state"),
+    ("unused = self.d1(x)\nreturn self.d2(x) + 1.0", "self.d1 = nn.Dropout(0.3)\nself.d2 = nn.Dropout(0.5)",
+     "would change the numbers"),
+])
+def test_dead_code_that_changes_state_or_random_draws_stays(tmp_path, forward, init, why):
+    path = _module(tmp_path, forward, init)
+    cap, c = _one(path, "dead_code")
+    assert not c.legal and why in c.reason, c.reason
+    assert not [a for a in graph_stage.run(cap)["applied"] if a["rule"] == "dead_code"]

@@ -10,6 +10,7 @@ at: legal with the edited graph, or refused with the reason):
               (refused in training mode: batch statistics)
   simplify    identities removed: softmax over a dim of size 1, reductions over singleton dims,
               x * 1, x + 0, transposes / permutes that cancel, reshapes to the same shape
+  dead_code   a value nothing reads removed, with the pure nodes that only fed it
 
 `run(captured)` applies, one at a time, the legal candidate with the largest predicted gain (a
 roofline estimate from the shapes, on the H200 profile unless told) while one has a gain above
@@ -21,11 +22,11 @@ captured (agents.module_steps).
 """
 from __future__ import annotations
 
-from mtmc.module.graph_stage import batchnorm, reductions, simplify
+from mtmc.module.graph_stage import batchnorm, dead_code, reductions, simplify
 from mtmc.module.graph_stage.records import Candidate, StageDecision
 from mtmc.tools.hardware import HardwareProfile, get_profile
 
-RULES = (reductions, batchnorm, simplify)
+RULES = (reductions, batchnorm, simplify, dead_code)
 MAX_REWRITES = 32   # per graph
 
 

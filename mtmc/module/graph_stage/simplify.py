@@ -90,7 +90,7 @@ def candidates(desc: dict) -> list[Candidate]:
             continue
         constant = make in ("ones", "zeros")
         ed, dropped = _edit(g, desc, name, make, src, t, from_shape=constant)
-        if constant and _shifts_random_draws(g, ed.desc, dropped):
+        if constant and shifts_random_draws(g, ed.desc, dropped):
             ed, dropped = _edit(g, desc, name, make, src, t, from_shape=False)
         size = 4.0 * numel(t[0])
         after = Work(0.0, size if constant else 0.0, 1 if constant else 0)
@@ -122,7 +122,7 @@ def _edit(g: Graph, desc: dict, name: str, make, src: str, t, from_shape: bool) 
     return ed, ed.drop_dead(had | {name}, {name} | (stateless_module_calls(desc) if from_shape else set()))
 
 
-def _shifts_random_draws(g: Graph, after: dict, dropped: list[str]) -> bool:
+def shifts_random_draws(g: Graph, after: dict, dropped: list[str]) -> bool:
     """Dropping a random op (a training-mode dropout) of graph `g` while another stays would
     change the numbers the one that stays draws (the generator's stream moves by less)."""
     return any(draws_random(g.modules, g.by_name[d]) for d in dropped) and \
