@@ -25,7 +25,7 @@ import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import describe, family_of
-from mtmc.module import attention_fusion
+from mtmc.module import attention_fusion, view_fusion
 from mtmc.module.conv_fusion import out_shape_source
 from mtmc.module.pool_fusion import out_shape_source as pool_out_shape_source
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
@@ -53,7 +53,7 @@ def _mtmc_reduced_shape(shape, dim, keepdim):
         return (1,) * len(shape) if keepdim else ()
     dims = dim if isinstance(dim, list) else [dim]
     return tuple(1 if i in dims else s for i, s in enumerate(shape) if keepdim or i not in dims)
-'''
+''' + view_fusion.SHAPE_HELPER
 
 
 # -- kernel sources ---------------------------------------------------------------------------
@@ -158,20 +158,29 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
                  f"    raise ValueError('group {group.id} was built for a value of {g['value']!r} here, got ' + str(v{g['arg']}))"]
     main = group.inputs[0]
     late = []
+    base = "v0"   # the main input in the kernel's shape
+    if group.out.get("in_view"):   # read before a view (module.view_fusion): viewed to the kernel's shape
+        then, to = group.out["in_view"]
+        body.append(f"g0 = v0.reshape(_mtmc_view_shape(v0.shape, {tuple(then)!r}, {tuple(to)!r}))")
+        base = "g0"
     for k, inp in enumerate(group.inputs):
-        v = f"v{inp['arg']}"
+        v = base if k == 0 else f"v{inp['arg']}"
         if inp["view"] != "like":
             body.append(f"k{k} = {_view(v, inp)}")
+        elif inp["of"] == "main" and inp.get("space"):   # met in another shape: there, then the kernel's
+            kshape, there = (tuple(s) for s in inp["space"])
+            full = f"{v}.expand(_mtmc_view_shape({base}.shape, {kshape!r}, {there!r})).reshape({base}.shape)"
+            body.append(f"k{k} = {_view(full, main)}")
         elif inp["of"] == "main":
-            body.append(f"k{k} = {_view(f'{v}.expand(v0.shape)', main)}")
+            body.append(f"k{k} = {_view(f'{v}.expand({base}.shape)', main)}")
         else:
             late.append(f"k{k} = {v}.expand(shape).reshape(out.shape)")
     kind = group.out["kind"]
     alloc = "dtype={}, device=k0.device".format(out_dtype)
     if kind == "same":
-        body += ["shape = v0.shape", f"out = torch.empty(k0.shape, {alloc})"]
+        body += [f"shape = {base}.shape", f"out = torch.empty(k0.shape, {alloc})"]
     elif kind == "reduced":
-        body += [f"shape = _mtmc_reduced_shape(v0.shape, {group.out['dim']!r}, {group.out['keepdim']!r})",
+        body += [f"shape = _mtmc_reduced_shape({base}.shape, {group.out['dim']!r}, {group.out['keepdim']!r})",
                  f"out = torch.empty(k0.shape[0], {alloc})"]
     elif kind in ("matmul", "bmm"):
         n = "k1.shape[-2]" if group.out["b_nk"] else "k1.shape[-1]"
@@ -189,6 +198,9 @@ def wrapper_source(group: Group, launch: str, name: str) -> str:
     else:
         raise ValueError(f"unknown output kind {kind!r}")
     body += late
+    if group.out.get("view"):   # a pure view after the op, before the tail's steps (module.view_fusion)
+        then, to = group.out["view"]
+        body.append(f"shape = _mtmc_view_shape(shape, {tuple(then)!r}, {tuple(to)!r})")
     # buffers the kernel updates in place (batch norm's running statistics), as keywords
     kwargs = "".join(f", {k}=v{i}" for k, i in group.out.get("kwargs", {}).items())
     body += [f"{launch}({', '.join(f'k{k}' for k in range(len(group.inputs)))}, out=out{kwargs})",

@@ -34,7 +34,7 @@ import torch
 
 from mtmc.kernels import pointwise
 from mtmc.module import (attention_fusion, conv_fusion, identities, loss_fusion, matmul_forms, norm_fusion,
-                         pointwise_fusion, pool_fusion, scan_fusion, where_fusion)
+                         pointwise_fusion, pool_fusion, scan_fusion, view_fusion, where_fusion)
 from mtmc.kernels.catalog import family_of
 from mtmc.module.functionalize import mutations
 from mtmc.module.fx_ops import (
@@ -115,6 +115,10 @@ class _Builder:
         self.args: list[dict] = []
         self.guards: list[dict] = []
         self.notes: list[str] = []
+        # pure views inside the group (module.view_fusion): [recorded shape, kernel shape] of the
+        # main input read before a view, [op output shape, tail shape] of the result after one
+        self.in_view: list | None = None
+        self.out_view: list | None = None
         self.arg(main)  # the main input is always the wrapper's first argument
 
     def arg(self, ref) -> int:
@@ -161,6 +165,7 @@ class Partitioner:
         self.mutations = mutations(self.g)   # of the graph without its identities
         self.groups: list[Group] = []
         self.next_id = first_id
+        self.no_views: set[str] = set()   # anchors whose group reads through no view (view_fusion.Stranded)
 
     def _classify(self, desc: dict) -> None:
         self.g = Graph(desc, data_users=True)
@@ -271,28 +276,55 @@ class Partitioner:
         return steps
 
     def _extend(self, start: str, b: _Builder, full_shape: list[int], operand_view: dict,
-                vector_ok: bool, first=None) -> tuple[list[dict], str]:
+                vector_ok: bool, first=None, views: bool = False) -> tuple[list[dict], str]:
         """Pointwise steps after `start` while each value has one user that continues the chain;
-        `first(node, running)`, when given, is asked before the usual steps (a family's own)."""
+        `first(node, running)`, when given, is asked before the usual steps (a family's own).
+        views: the chain reads through pure views (module.view_fusion), the kernel still running
+        over `full_shape` (the result is viewed to the last step's shape: b.out_view)."""
         chain, last = [], start
+        shape, o_view, v_ok = full_shape, operand_view, vector_ok
         while (user := self._single_user(last)) is not None:
-            steps = first(user, last) if first else None
+            run = view_fusion.run_after(self, user) if views else ([], user)
+            if run is None:
+                break
+            passed, node = run
+            running = passed[-1] if passed else last
+            if passed:
+                shape = self.g.tensor(running)[0]
+                o_view, v_ok = view_fusion.context(full_shape, shape, operand_view, vector_ok)
+            steps = first(node, running) if first and not passed else None
             if steps is None:
-                steps = self._step(user, last, b, full_shape, operand_view, vector_ok)
+                steps = self._step(node, running, b, shape, o_view, v_ok)
             if steps is None:
+                if views:
+                    view_fusion.stopped(self, b, node, "epilogue")
+                    if passed:
+                        view_fusion.note_refused(self, b, passed, node, "epilogue")
                 break
             chain += steps
-            b.nodes += [user, *self.sem[user].covers]
-            last = user
+            b.nodes += [*passed, node, *self.sem[node].covers]
+            if passed:
+                b.out_view = [list(full_shape), list(shape)]
+            last = node
         return chain, last
 
     def _walk_back(self, x: NodeRef, shape: list[int], dtype: str, operand_view: dict,
-                   vector_ok: bool) -> list[tuple[str, str]]:
+                   vector_ok: bool, views: bool = False) -> list[tuple[str, str]]:
         """The pointwise nodes feeding x, each used only by the next, as (node, its running
-        input) in graph order."""
+        input) in graph order.  views: also the pure views between them (module.view_fusion),
+        as (view, its input), each used only by the next; steps before a view are asked in the
+        shape they run in.  Never starts with a view (the chain's first value is read as it is)."""
         links, cur = [], x.name
+        kshape, base_view, base_ok = shape, operand_view, vector_ok
         scratch = _Builder(self.g, x, dtype)  # only asks whether each step would be accepted
         while True:
+            src = view_fusion.source(self.g, cur) if views else None
+            if src is not None and cur not in self.taken and len(self.g.users[cur]) == 1:
+                links.append((cur, src.name))
+                cur = src.name
+                shape = self.g.tensor(src)[0]
+                operand_view, vector_ok = view_fusion.context(kshape, shape, base_view, base_ok)
+                continue
             s = self.sem.get(cur)
             if not isinstance(s, Pointwise) or (cur in self.taken and cur not in self.shared):
                 break
@@ -307,30 +339,49 @@ class Partitioner:
                 break
             links.append((cur, chosen.name))
             cur = chosen.name
-        return links[::-1]
+        links.reverse()
+        while links and view_fusion.source(self.g, links[0][0]) is not None:
+            links.pop(0)   # views before the first step: the main input is read after them
+        return links
 
-    def free_prologue(self, x: NodeRef, shape: list[int], dtype: str) -> tuple[_Builder, list[dict]]:
+    def _prologue(self, links: list[tuple[str, str]], b: _Builder, kshape: list[int], operand_view: dict,
+                  vector_ok: bool) -> list[dict]:
+        """The steps of _walk_back's links on builder b (whose main input is the first link's
+        running value), their nodes taken; each step meets its operands in the shape it runs in,
+        and a main input of another shape than the kernel's is viewed to it (b.in_view)."""
+        steps: list[dict] = []
+        for node, running in links:
+            if view_fusion.source(self.g, node) is None:
+                o_view, v_ok = view_fusion.context(kshape, self.g.tensor(node)[0], operand_view, vector_ok)
+                steps += self._step(node, running, b, self.g.tensor(node)[0], o_view, v_ok)
+            b.nodes += [node, *(self.sem[node].covers if node in self.sem else [])]
+        start = self.g.tensor(links[0][1])[0] if links else kshape
+        if list(start) != list(kshape):
+            b.in_view = [list(start), list(kshape)]
+        return steps
+
+    def free_prologue(self, x: NodeRef, shape: list[int], dtype: str,
+                      views: bool = False) -> tuple[_Builder, list[dict]]:
         """For templates whose prologue reads nothing but x (channel norms, pooling): a builder
         whose main input starts the operand-free pointwise chain feeding x (its nodes taken), and
         that chain's steps.  After a library conv (regroup) this is the conv's activation, applied
         on the load instead of in a pass of its own.  Walking back, the chain stops at the first
-        step that reads another tensor."""
+        step that reads another tensor.  views: through pure views too (module.view_fusion)."""
         view = {"view": "like", "of": "main"}
         scratch = _Builder(self.g, x, dtype)
-        links = self._walk_back(x, shape, dtype, view, vector_ok=False)
+        links = self._walk_back(x, shape, dtype, view, vector_ok=False, views=views)
         keep: list[tuple[str, str]] = []
         for node, running in reversed(links):
-            steps = self._step(node, running, scratch, shape, view, False)
-            if steps is None or pointwise.operands(steps) or scratch.inputs:
-                break
+            if view_fusion.source(self.g, node) is None:
+                steps = self._step(node, running, scratch, self.g.tensor(node)[0], view, False)
+                if steps is None or pointwise.operands(steps) or scratch.inputs:
+                    break
             keep.append((node, running))
         keep.reverse()
+        while keep and view_fusion.source(self.g, keep[0][0]) is not None:
+            keep.pop(0)
         b = _Builder(self.g, NodeRef(keep[0][1]) if keep else x, dtype)
-        chain: list[dict] = []
-        for node, running in keep:
-            chain += self._step(node, running, b, shape, view, False)
-            b.nodes += [node, *self.sem[node].covers]
-        return b, chain
+        return b, self._prologue(keep, b, shape, view, False)
 
     def _shareable(self, name: str, s: Pointwise) -> bool:
         """A cheap producer (no tensor besides its input) whose every user is a row op reading
@@ -356,12 +407,19 @@ class Partitioner:
             return
         assert len(fam.inputs(spec)) == len(b.inputs), "binding does not match the family's inputs"
         order = sorted(b.nodes, key=self.g.order.get)
+        if (b.in_view or b.out_view) and (read := view_fusion.stranded(self, order, replaces)):
+            raise view_fusion.Stranded(f"not read through the views around it: the shape of "
+                                       f"{self.g.words(read[0])} inside the group is read later")
         mutation = self._mutated_inside(order, b.args)
         if mutation is not None:
             for n in order:
                 self.why.setdefault(n, f"{self.g.words(mutation)} changes an input of its group in place "
                                        "between its ops")
             return
+        if b.in_view:
+            out = {**out, "in_view": b.in_view}
+        if b.out_view and b.out_view[0] != b.out_view[1]:
+            out = {**out, "view": b.out_view}
         ops = [self.g.words(n) for n in order if n not in self.free_nodes(order)]
         spec.request = f"module group: {' -> '.join(ops)}"
         self.groups.append(Group(self.next_id, self.g.path, family, order, replaces, ops, spec.to_dict(),
@@ -374,7 +432,8 @@ class Partitioner:
         free = set()
         for name in names:
             n = self.g.by_name[name]
-            if n["target"] in (q(operator.getitem), "getattr", "transpose", "t") or n["target"] in TRANSPOSES:
+            if n["target"] in (q(operator.getitem), "getattr", "transpose", "t") or n["target"] in TRANSPOSES \
+                    or view_fusion.source(self.g, name) is not None:
                 free.add(name)
         return free
 
@@ -400,13 +459,11 @@ class Partitioner:
         # vector operands run along the kernel's last dim: only when x's last dim stays last
         vector_ok = main_view == {"view": "rows", "contiguous": True}
         full = {"view": "like", "of": "main"}
-        links = self._walk_back(a.x, shape, dtype, full, vector_ok)
+        views = self.views_ok(name)
+        links = self._walk_back(a.x, shape, dtype, full, vector_ok, views=views)
         b = _Builder(self.g, NodeRef(links[0][1]) if links else a.x, dtype)
         b.inputs.append({"arg": 0, **main_view})
-        prologue = []
-        for node, running in links:
-            prologue += self._step(node, running, b, shape, full, vector_ok)
-            b.nodes += [node, *self.sem[node].covers]
+        prologue = self._prologue(links, b, shape, full, vector_ok)
         prologue += a.pre
         b.nodes += [name, *a.covers]
         for v in a.vectors:
@@ -416,9 +473,9 @@ class Partitioner:
             b.inputs.append({"arg": b.arg(v), "view": "vector"})
         epilogue, last = [], a.out
         if a.family != "reduction":
-            epilogue, last = self._extend(a.out, b, shape, full, vector_ok)
+            epilogue, last = self._extend(a.out, b, shape, full, vector_ok, views=views)
         elif a.op not in ("argmax", "argmin"):   # operand-free steps on the reduced values
-            epilogue, last = pointwise_fusion.reduction_epilogue(self, a.out, b)
+            epilogue, last = pointwise_fusion.reduction_epilogue(self, a.out, b, views)
             epilogue = a.post + epilogue
         params = dict(a.params)
         if inner > 1:
@@ -525,9 +582,20 @@ class Partitioner:
     def _try_group(self, build, name: str, sem) -> None:
         """One group built around `name`; a failure leaves it to PyTorch with the reason."""
         try:
-            build(name, sem)
+            try:
+                build(name, sem)
+            except view_fusion.Stranded as e:   # again, stopping at views
+                self.no_views.add(name)
+                made = len(self.groups)
+                build(name, sem)
+                if len(self.groups) > made:
+                    self.groups[-1].notes.append(str(e))
         except Exception as e:
             self.why[name] = _not_analysed(e)
+
+    def views_ok(self, anchor: str) -> bool:
+        """Whether the group around `anchor` may read through pure views (module.view_fusion)."""
+        return anchor not in self.no_views
 
     # -- a hand-written SiLU: x * sigmoid(x) -------------------------------------------------------
     def _silu_patterns(self) -> None:

@@ -345,7 +345,8 @@ def build(p, name: str, a: Anchor) -> None:
     channels = a.dim is None and a.op not in ROW_OPS and a.op != "frobenius"
     # a channel norm applies the operand-free activation before it on its loads (a conv's tail
     # after regroup left the conv to cuDNN): one read of x instead of a pass of its own
-    b, prologue = p.free_prologue(a.x, shape, dtype) if channels else (p.builder(a.x, dtype), [])
+    views = p.views_ok(name)   # read through pure views (module.view_fusion)
+    b, prologue = p.free_prologue(a.x, shape, dtype, views=views) if channels else (p.builder(a.x, dtype), [])
     b.nodes += [name, *a.covers]
     if a.dim is not None:             # over a middle dim: x's buffer read in place as [M / Q, N, Q]
         dims = {"M": math.prod(shape) // shape[a.dim], "N": shape[a.dim]}
@@ -388,7 +389,7 @@ def build(p, name: str, a: Anchor) -> None:
                 b.inputs.append({"arg": b.arg(running[k]), "view": "vector"})
         elif running:                                   # training mode: updated in place by the kernel
             out["kwargs"] = {k: b.arg(v) for k, v in running.items()}
-    epilogue, last = p._extend(a.out, b, shape, {"view": "like", "of": "main"}, vector_ok=False)
+    epilogue, last = p._extend(a.out, b, shape, {"view": "like", "of": "main"}, vector_ok=False, views=views)
     if epilogue:
         params["epilogue"] = epilogue
     p._finish("norm", a.op, dims, params, b, out, a.replaces if last == a.out else [last])

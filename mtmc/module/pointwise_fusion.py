@@ -19,6 +19,7 @@ import math
 import torch
 
 from mtmc.kernels import pointwise
+from mtmc.module import view_fusion
 from mtmc.module.fx_ops import NodeRef, Pointwise
 
 # Named ops a fork may be: every one-input step without a parameter.
@@ -145,16 +146,26 @@ def matmul_index_step(p, node: str, running: str, out_shape: list[int], batched:
     return list(s.steps) if len(out_shape) == 2 or batched else None
 
 
-def reduction_epilogue(p, out: str, b) -> tuple[list[dict], str]:
+def reduction_epilogue(p, out: str, b, views: bool = True) -> tuple[list[dict], str]:
     """The one-input steps after a reduction's result `out` (x.sum(-1) * s, logsumexp then relu),
-    each the single user of the one before: (steps, the last node), the nodes added to b."""
+    each the single user of the one before, read through pure views of the result
+    (module.view_fusion; the result is viewed to the last step's shape, b.out_view): (steps,
+    the last node), the nodes added to b."""
     steps, last = [], out
     while (user := p._single_user(last)) is not None:
-        one = _one_input(p.sem.get(user))
-        if (one is None or one[0] != NodeRef(last) or user in p.taken or p.g.tensor(user) != p.g.tensor(last)
-                or pointwise.uses_index(one[1])):
+        run = view_fusion.run_after(p, user) if views else ([], user)
+        if run is None:
+            break
+        passed, node = run
+        running = passed[-1] if passed else last
+        one = _one_input(p.sem.get(node))
+        if (one is None or one[0] != NodeRef(running) or node in p.taken
+                or p.g.tensor(node) != p.g.tensor(running) or pointwise.uses_index(one[1])):
+            view_fusion.stopped(p, b, node, "epilogue")
             break
         steps += one[1]
-        b.nodes += [user, *p.sem[user].covers]
-        last = user
+        b.nodes += [*passed, node, *p.sem[node].covers]
+        if passed:
+            b.out_view = [list(p.g.tensor(out)[0]), list(p.g.tensor(node)[0])]
+        last = node
     return steps, last
