@@ -91,6 +91,8 @@ def test_mingpt_attention_is_one_group_between_its_projections():
     assert [o.split(" ")[0] for o in att.ops] == ["matmul", "mul", ".masked_fill()", "softmax", "matmul"]
     # only the mask's comparison stays PyTorch (a [1, 1, T, T] bool the kernel reads in place)
     assert [o["op"].split(" ")[0] for o in part.torch_ops] == ["eq"]
+    # said so (it read "outside the kernel catalog", so a configured LLM was asked to write it)
+    assert part.torch_ops[0]["why"].startswith("a comparison making a boolean mask")
     # y.transpose(1, 2).contiguous(): the kernel writes [B, T, H, hs], so that copy is a no-op
     assert att.out == {"kind": "attention", "perm": [0, 2, 1, 3]}
 

@@ -118,3 +118,17 @@ def test_a_large_tensor_constant_in_forward_is_still_refused(tmp_path):
     reasons = _capture_problems(tmp_path, "tensor_constants.py", "torch.tensor(-0.25)",
                                 "torch.tensor([float(i) for i in range(100)])[:1]")
     assert any("tensor constant" in r for r in reasons), reasons
+
+
+def test_views_are_free_and_im2col_is_not(tmp_path):
+    """ViT's patches (x.unfold(2, p, p).unfold(3, p, p)) were "outside the kernel catalog", so a
+    configured LLM was asked to write a kernel for a view; F.unfold (im2col) computes and stays so."""
+    from test_module_conv import captured_source
+    source = ("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+              "class Model(nn.Module):\n    def forward(self, x):\n"
+              "        p = x.unfold(2, 4, 4).unfold(3, 4, 4).narrow(1, 0, 2).movedim(1, -1)\n"
+              "        return p.reshape(2, -1) * 2.0, F.unfold(x, 2)\n\n\n"
+              "def get_inputs():\n    return [torch.rand(2, 3, 8, 8)]\n\n\n"
+              "def get_init_inputs():\n    return []\n")
+    _, part = captured_source(tmp_path, source)
+    assert [t["op"].split(" ")[0] for t in part.torch_ops] == ["unfold"], part.torch_ops

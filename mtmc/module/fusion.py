@@ -704,7 +704,8 @@ class Partitioner:
         """Nodes left to PyTorch that compute something (views, sizes and selections are free)."""
         free = {"view", "reshape", "permute", "transpose", "contiguous", "flatten", "unsqueeze", "squeeze",
                 "expand", "t", "size", "dim", "chunk", "split", "unbind", "getitem", "getattr", "type_as",
-                "expand_as", "view_as", "reshape_as"}
+                "expand_as", "view_as", "reshape_as", "unfold", "narrow", "movedim", "moveaxis", "unflatten",
+                "swapaxes", "swapdims", "select", "diagonal"}
         left = []
         for n in self.g.nodes:
             name = n["name"]
@@ -712,7 +713,9 @@ class Partitioner:
                     or not self._makes_tensors(name):
                 continue
             gather = self._indexes_by_tensor(name)
-            if n["target"].rsplit(".", 1)[-1].rstrip("_") in free and not gather:
+            # Tensor.unfold is a view; F.unfold (im2col) computes
+            if n["target"].rsplit(".", 1)[-1].rstrip("_") in free and not gather \
+                    and n["target"] != "torch.nn.functional.unfold":
                 continue
             known = _LEFT_WHY.get(n["target"].rsplit(".", 1)[-1].rstrip("_"))
             why = self.why.get(name) or ("indexing by a tensor (a gather) is outside the kernel catalog" if gather
@@ -738,6 +741,12 @@ _LEFT_WHY = {
                     "producers straight into its slices is not done yet"),
     "pad": "a pad: a copy at memory speed, as PyTorch does it; folding it into the next kernel's bounds is "
            "not done yet",
+    # minGPT's causal mask (bias[:, :, :T, :T] == 0): a small boolean tensor the kernel reading it loads
+    **dict.fromkeys(("eq", "ne", "lt", "le", "gt", "ge", "logical_not", "invert", "bitwise_not"),
+                    "a comparison making a boolean mask: PyTorch computes it and the kernel that reads the "
+                    "mask loads it; folding it into that kernel is not done yet"),
+    # einops: a view, or a copy at memory speed where the layout needs one
+    "rearrange": "a layout change (einops): a view, or a copy at memory speed as PyTorch makes it",
     # random draws stay PyTorch's so that ModelNew draws the very numbers Model draws
     **dict.fromkeys(("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
                      "normal", "multinomial", "randperm"),
