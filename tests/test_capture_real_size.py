@@ -220,6 +220,15 @@ def test_einsums_that_are_matmuls(equation, layout):
     assert einsum_b_layout(equation) == layout
 
 
+@pytest.mark.parametrize("equation, operands, why", [
+    ("bhzc,bchpn->bzhpn", 2, "permuted and merged"), ("ij,jk->ki", 2, "permuted and merged"),
+    ("ii,ij->ij", 2, "a reduction or a diagonal"), ("ij,jk,kl->il", 3, "two operands")])
+def test_einsums_that_are_not_matmuls_say_why(equation, operands, why):
+    """Mamba2's 'bhzc,bchpn->bzhpn' is a batched matmul after a permute, and read "is not a matmul"."""
+    from mtmc.module.fx_ops import _einsum_why
+    assert why in _einsum_why(equation, operands)
+
+
 def test_default_arguments_and_buffer_slices_are_traced(tmp_path):
     cap, part = captured_source(tmp_path, DEFAULTS_AND_BUFFERS)
     assert not cap["problems"]

@@ -246,6 +246,19 @@ def einsum_b_layout(equation: str) -> str | None:
     return layout
 
 
+def _einsum_why(equation: str, operands: int) -> str:
+    """Why an einsum is not served: several operands, or a contraction that is a (batched) matmul
+    only after its operands' dims are permuted and merged (Mamba2's 'bhzc,bchpn->bzhpn'), or none."""
+    if operands != 2 or not isinstance(equation, str) or "->" not in equation:
+        return "not a matmul of two operands"
+    (ea, eb), out = equation.replace(" ", "").split("->")[0].split(","), equation.replace(" ", "").split("->")[1]
+    contracted = (set(ea) & set(eb)) - set(out)
+    if contracted and set(out) == (set(ea) | set(eb)) - contracted:
+        return ("a batched matmul only after its operands' dims are permuted and merged (copies, as "
+                "torch.einsum makes them); reading them through their strides is not done yet")
+    return "not a matmul (a reduction or a diagonal besides the contraction)"
+
+
 @dataclass
 class Pointwise:
     """A node that is elementwise on its input(s).  unary: `steps` apply to `inputs[0]`
@@ -556,7 +569,7 @@ class Classifier:
             operands = list(operands[0])
         layout = einsum_b_layout(equation) if isinstance(equation, str) and len(operands) == 2 else None
         if layout is None:
-            raise Reject(f"einsum {equation!r} is not a matmul")
+            raise Reject(f"einsum {equation!r}: " + _einsum_why(equation, len(operands)))
         return self._matmul(name, operands[0], operands[1], b_nk=layout == "nk")
 
     def _linear(self, name: str, x, weight, bias, weight_shape=None) -> Anchor:
