@@ -98,3 +98,45 @@ def test_near_misses_stay_pytorch_with_the_reason(tmp_path):
     assert "broadcast" in why["mse_loss"]
     assert "dtype" in why["cumsum"]
     assert "not the last dim" in why["cosine_similarity"]
+
+
+# KernelBench's exclusive cumsum as upstream writes it since its fix (KernelBench issue #72, PR
+# #109): the inclusive scan of x's first n - 1 elements, a zero slice put in front by torch.cat
+ZERO_PREPENDED = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        cumsum = torch.cumsum(x.narrow(dim=self.dim, start=0, length=x.size(self.dim)-1), dim=self.dim)
+        return torch.cat((torch.zeros_like(x.select(self.dim, 0).unsqueeze(self.dim)), cumsum), dim=self.dim)
+
+
+def get_inputs():
+    return [torch.rand(SHAPE)]
+
+
+def get_init_inputs():
+    return [DIM]
+'''
+
+
+@pytest.mark.parametrize("shape, dim", [((12, 100), 1), ((3, 40, 5), 1), ((6, 50), -1)])
+def test_exclusive_cumsum_with_a_zero_put_in_front_is_one_scan(tmp_path, shape, dim):
+    """One exclusive scan of x: not a copy of x's first n - 1 elements, a scan of them, then a
+    zero fill and a torch.cat copying the whole result again."""
+    source = ZERO_PREPENDED.replace("SHAPE", repr(shape)).replace("DIM", str(dim))
+    path = tmp_path / "exclusive.py"
+    path.write_text(source)
+    cap = capture(str(path))
+    part = partition(cap)
+    assert [(g.family, g.spec["op"], g.spec["params"].get("exclusive")) for g in part.groups] == \
+        [("scan", "cumsum", True)], part.to_dict()
+    assert part.torch_ops == []
+    assert part.groups[0].spec["dims"]["N"] == shape[dim]   # x's whole length, not n - 1
+    assert_model_new_matches(tmp_path, source, cap, part)

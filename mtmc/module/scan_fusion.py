@@ -2,8 +2,10 @@
 anchors (module.fx_ops asks here), with the forms around them folded into the one kernel:
 
   * reverse: torch.cumsum(x.flip(d), d).flip(d) (flip or torch.flip, on the scan's dim);
-  * exclusive: torch.cumsum(x, d) - x (the scan minus its own input), or the scan of x shifted by
-    one: torch.cumsum(torch.cat((zeros of one slice, x), d).narrow(d, 0, n), d);
+  * exclusive: torch.cumsum(x, d) - x (the scan minus its own input), the scan of x shifted by
+    one: torch.cumsum(torch.cat((zeros of one slice, x), d).narrow(d, 0, n), d), or the scan of x's
+    first n - 1 elements with a zero put in front: torch.cat((zeros of one slice,
+    torch.cumsum(x.narrow(d, 0, n - 1), d)), d) (KernelBench's exclusive cumsum since its fix);
   * masked: torch.cumsum(x * mask, d) with a bool mask of x's shape (read as a bool input);
   * the pointwise ops feeding the scan (prologue) and following it (epilogue), when the scan runs
     over the last dim; a scan over a middle dim reads x's buffer in place ("inner", as reductions).
@@ -76,22 +78,60 @@ def _shifted(c, ref, d: int, shape: list[int]):
     if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not isinstance(cdim, int) or cdim % len(shape) != d:
         return None
     zeros, x = parts
+    if not isinstance(x, NodeRef) or c.g.tensor(x) is None or c.g.tensor(x)[0] != shape:
+        return None
+    covered = _zero_slice(c, zeros, d, shape, c.g.tensor(x)[1], [ref.name, cat.name], keep=x.name)
+    return (x, covered) if covered else None
+
+
+def _zero_slice(c, zeros, d: int, shape: list[int], dtype: str, covered: list[str], keep: str):
+    """`covered` plus the nodes making `zeros`, when `zeros` is a zero tensor of one slice of
+    `shape` along d (zeros_like(x.select(d, 0).unsqueeze(d)), ...) used only by covered nodes;
+    None otherwise.  Node `keep` (the scan's input) never goes with them."""
     one = list(shape)
     one[d] = 1
     zn = c.g.by_name.get(zeros.name) if isinstance(zeros, NodeRef) else None
     made_zero = zn is not None and ((zn["op"] == "call_function" and zn["target"] in ZEROS)
                                     or (zn["op"] == "call_method" and zn["target"] in ("zero_", "new_zeros")))
-    if not made_zero or len(c.g.users[zeros.name]) != 1 or not isinstance(x, NodeRef) \
-            or c.g.tensor(zeros) != (one, c.g.tensor(x)[1]) or c.g.tensor(x)[0] != shape:
+    if not made_zero or len(c.g.users[zeros.name]) != 1 or c.g.tensor(zeros) != (one, dtype):
         return None
-    covered = [ref.name, cat.name, zeros.name]
+    covered = [*covered, zeros.name]
     todo = [a for a in c.g.args(zeros.name)[0] if isinstance(a, NodeRef)] if zn["target"] in ZEROS else []
     while todo:   # what only made the zeros' shape (x.select(d, 0).unsqueeze(d)) goes with them
         a = todo.pop()
-        if a.name != x.name and set(c.g.users[a.name]) <= set(covered) and c.g.by_name[a.name]["op"] == "call_method":
+        if a.name != keep and set(c.g.users[a.name]) <= set(covered) and c.g.by_name[a.name]["op"] == "call_method":
             covered.append(a.name)
             todo += [b for b in c.g.args(a.name)[0] if isinstance(b, NodeRef)]
-    return x, covered
+    return covered
+
+
+def _prepended(c, ref, out: str, d: int):
+    """(x, the cat, the nodes of the form) when `ref` is x.narrow(d, 0, n - 1) (x's first n - 1
+    elements along d, read only here) and the scan `out`'s one user is cat((zeros of one slice
+    along d, out), d): the exclusive scan of x, of x's shape (KernelBench's exclusive cumsum as
+    upstream writes it since its fix)."""
+    if not isinstance(ref, NodeRef) or not _called(c.g, ref.name, NARROWS, "narrow") or len(c.g.users[ref.name]) != 1:
+        return None
+    args, kwargs = c.g.args(ref.name)
+    x = args[0]
+    full = c.g.tensor(x) if isinstance(x, NodeRef) else None
+    if full is None or not full[0]:
+        return None
+    shape, dtype = full
+    cut = [_arg(args, kwargs, 1, "dim"), _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "length")]
+    if not isinstance(cut[0], int) or isinstance(cut[0], bool) or cut[0] % len(shape) != d \
+            or c.g.number(cut[1]) != 0 or c.g.number(cut[2]) != shape[d] - 1:
+        return None
+    cat = _single_user(c, out)
+    if cat is None or not _called(c.g, cat, CATS, "cat") or c.g.tensor(cat) != (shape, dtype):
+        return None
+    cargs, ckw = c.g.args(cat)
+    parts, cdim = _arg(cargs, ckw, 0, "tensors"), _arg(cargs, ckw, 1, "dim", 0)
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or parts[1] != NodeRef(out) \
+            or not isinstance(cdim, int) or isinstance(cdim, bool) or cdim % len(shape) != d:
+        return None
+    covered = _zero_slice(c, parts[0], d, shape, dtype, [ref.name, cat], keep=x.name)
+    return (x, cat, covered) if covered else None
 
 
 def _classified(c, name: str):
@@ -140,6 +180,14 @@ def classify_call(c, name: str, fn: str | None, args: tuple, kwargs: dict) -> An
         a.params["exclusive"] = True
         a.x, covered = shifted
         a.covers += covered
+    prepended = _prepended(c, a.x, a.out, dim) if op == "cumsum" and not a.params.get("exclusive") \
+        and not a.params.get("reverse") else None
+    if prepended:   # the scan of x's first n - 1 elements, a zero in front: x's exclusive scan
+        a.params["exclusive"] = True
+        a.x, a.out, covered = prepended
+        a.replaces = [a.out]
+        a.covers += covered
+        shape = c.g.tensor(a.x)[0]
     masked = _mask_of(c, a.x, shape)
     if masked:
         a.params["masked"] = True
