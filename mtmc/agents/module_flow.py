@@ -155,10 +155,10 @@ def _spec_key(g: dict) -> str:
     return KernelSpec.from_dict(g["spec"]).key()
 
 
-def _ideal_ms(g: dict) -> float:
-    """The roofline's least time for a group's spec (0 where the model has none, e.g. custom ops)."""
+def _ideal_ms(g: dict, hw) -> float:
+    """The roofline's least time for a group's spec on `hw` (0 where the model has none, e.g. custom ops)."""
     try:
-        return float(roofline(KernelSpec.from_dict(g["spec"]), resolve("auto"))["ideal_ms"])
+        return float(roofline(KernelSpec.from_dict(g["spec"]), hw)["ideal_ms"])
     except Exception:   # noqa: BLE001 - an order hint only; a spec the model cannot cost goes last
         return 0.0
 
@@ -178,7 +178,8 @@ def _fan_out(state: ModuleState, then: str) -> list[Send] | str:
     todo = [(k, g) for k, g in first.items() if str(g["id"]) not in ran]
     if not todo:
         return then
-    todo.sort(key=lambda kg: -_ideal_ms(kg[1]) * count[kg[0]])
+    hw = resolve("auto")
+    todo.sort(key=lambda kg: -_ideal_ms(kg[1], hw) * count[kg[0]])
     return [Send("group", GroupTask(group=g, gpu=state["gpu"], deadline=state.get("deadline"))) for _, g in todo]
 
 

@@ -206,33 +206,34 @@ def uses_index(chain: list[dict]) -> bool:
                for step in chain)
 
 
+def kept_band(chain: list[dict]) -> tuple[int | None, int | None]:
+    """(lo, hi): the diagonals col - row that the top-level tril / triu steps of `chain` keep
+    (lo <= col - row <= hi; None where no step bounds that side).  A step inside a fork zeroes only
+    its branch, so it bounds nothing here."""
+    lo = max((int(s["value"]) for s in chain if s.get("op") == "triu"), default=None)
+    hi = min((int(s["value"]) for s in chain if s.get("op") == "tril"), default=None)
+    return lo, hi
+
+
 def zeroed_tile(chain: list[dict], rows: tuple[str, str], cols: tuple[str, str]) -> str | None:
-    """A Triton condition, true when a tril / triu step of `chain` (at its top level) zeroes every
+    """A Triton condition, true when the tril / triu steps of `chain` (kept_band) zero every
     element of the tile whose rows run rows[0]..rows[1] and columns cols[0]..cols[1] (inclusive
-    bounds as expressions), or None without such a step.  The steps before it are then discarded on
-    that tile (tl.where keeps 0 whatever they gave), so a kernel may skip the tile's work."""
-    parts = []
-    for step in chain:
-        if step.get("op") == "tril":   # kept where col - row <= v: dead when the least col - row is above v
-            parts.append(f"({cols[0]} - ({rows[1]}) > {int(step['value'])})")
-        elif step.get("op") == "triu":   # kept where col - row >= v: dead when the largest is below v
-            parts.append(f"({cols[1]} - ({rows[0]}) < {int(step['value'])})")
+    bounds as expressions), or None without such a step.  The steps before them are then discarded
+    on that tile (tl.where keeps 0 whatever they gave), so a kernel may skip the tile's work."""
+    lo, hi = kept_band(chain)
+    parts = ([f"({cols[0]} - ({rows[1]}) > {hi})"] if hi is not None else []) + \
+        ([f"({cols[1]} - ({rows[0]}) < {lo})"] if lo is not None else [])
     return " | ".join(parts) or None
 
 
 def kept_share(chain: list[dict], m: int, n: int) -> float:
-    """The share of an [m, n] matrix's elements that the top-level tril / triu steps of `chain` keep
-    (1.0 without them): the work a kernel skipping zeroed tiles still does, roughly."""
-    lo, hi = -(m - 1), n - 1            # the diagonals col - row that are kept
-    for step in chain:
-        if step.get("op") == "tril":
-            hi = min(hi, int(step["value"]))
-        elif step.get("op") == "triu":
-            lo = max(lo, int(step["value"]))
-    if lo > hi:
-        return 0.0
-    kept = sum(min(m, n - d) - max(0, -d) for d in range(lo, hi + 1)) if (m, n) != (0, 0) else 0
-    return kept / (m * n) if m * n else 1.0
+    """The share of an [m, n] matrix's elements that the tril / triu steps of `chain` keep (1.0
+    without them): the work a kernel skipping zeroed tiles still does, roughly."""
+    if not m * n:
+        return 1.0
+    lo, hi = kept_band(chain)
+    lo, hi = max(-(m - 1), lo if lo is not None else -m), min(n - 1, hi if hi is not None else n)
+    return sum(min(m, n - d) - max(0, -d) for d in range(lo, hi + 1)) / (m * n)
 
 
 def error_gain(step: dict, y: str | None = None) -> str | None:

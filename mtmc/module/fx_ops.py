@@ -228,12 +228,10 @@ def einsum_b_layout(equation: str) -> str | None:
     letter k is contracted with one of b's last two, b's other last letter n ends the output,
     and a's other letters lead it: 'bijl,lk->bijk', 'ij,kj->ik'; for a batched b ('bij,bjk->bik')
     its leading letters are a's own; 'ij,jk' (no output) means 'ij,jk->ik'.  None for any other equation."""
-    eq = equation.replace(" ", "")
-    if "->" not in eq and eq.count(",") == 1:   # implicit output: the letters seen once, sorted
-        eq += "->" + "".join(sorted(ch for ch in set(eq) if ch.isalpha() and eq.count(ch) == 1))
-    if "." in eq or eq.count("->") != 1 or eq.count(",") != 1:
+    terms = _einsum_terms(equation)
+    if terms is None:
         return None
-    (ea, eb), out = eq.split("->")[0].split(","), eq.split("->")[1]
+    ea, eb, out = terms
     if len(ea) < 2 or len(eb) < 2 or len(set(ea)) != len(ea) or len(set(eb)) != len(eb):
         return None
     k, batch = ea[-1], eb[:-2]
@@ -246,12 +244,25 @@ def einsum_b_layout(equation: str) -> str | None:
     return layout
 
 
+def _einsum_terms(equation: str) -> tuple[str, str, str] | None:
+    """(a's letters, b's letters, the output's) of a two-operand einsum without ellipsis; an
+    implicit output is the letters seen once, sorted."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq and eq.count(",") == 1:
+        eq += "->" + "".join(sorted(ch for ch in set(eq) if ch.isalpha() and eq.count(ch) == 1))
+    if "." in eq or eq.count("->") != 1 or eq.count(",") != 1:
+        return None
+    (ea, eb), out = eq.split("->")[0].split(","), eq.split("->")[1]
+    return ea, eb, out
+
+
 def _einsum_why(equation: str, operands: int) -> str:
     """Why an einsum is not served: several operands, or a contraction that is a (batched) matmul
     only after its operands' dims are permuted and merged (Mamba2's 'bhzc,bchpn->bzhpn'), or none."""
-    if operands != 2 or not isinstance(equation, str) or "->" not in equation:
+    terms = _einsum_terms(equation) if operands == 2 and isinstance(equation, str) else None
+    if terms is None:
         return "not a matmul of two operands"
-    (ea, eb), out = equation.replace(" ", "").split("->")[0].split(","), equation.replace(" ", "").split("->")[1]
+    ea, eb, out = terms
     contracted = (set(ea) & set(eb)) - set(out)
     if contracted and set(out) == (set(ea) | set(eb)) - contracted:
         return ("a batched matmul only after its operands' dims are permuted and merged (copies, as "

@@ -177,4 +177,4 @@ def _mtmc_prod(dims):
 
 _ns: dict = {}
 exec(SHAPE_HELPER, _ns)
-view_shape = _ns["_mtmc_view_shape"]   # the same function, for the partitioner's own checks and tests
+view_shape = _ns["_mtmc_view_shape"]   # the same function, callable here (the tests check it)

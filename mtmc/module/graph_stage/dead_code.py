@@ -9,17 +9,11 @@ where a random op would go while another stays (the one that stays would draw ot
 from __future__ import annotations
 
 from mtmc.module.fx_ops import Graph
-from mtmc.module.graph_stage.edit import PURE_OPS, STATEFUL_FUNCTIONS, Editor, readers, stateless_module_calls
+from mtmc.module.graph_stage.edit import Editor, pure, readers, stateless_module_calls
 from mtmc.module.graph_stage.records import Candidate, Work
 from mtmc.module.graph_stage.simplify import shifts_random_draws, work_of
 
 RULE = "dead_code"
-
-
-def _pure(n: dict, stateless: set[str]) -> bool:
-    if n["op"] == "call_module":
-        return n["name"] in stateless
-    return n["op"] in PURE_OPS and n["target"] not in STATEFUL_FUNCTIONS and not n["target"].rsplit(".", 1)[-1].endswith("_")
 
 
 def candidates(desc: dict) -> list[Candidate]:
@@ -32,7 +26,7 @@ def candidates(desc: dict) -> list[Candidate]:
         if not n["op"].startswith("call_") or name in read or g.tensor(name) is None:
             continue
         ops = [g.words(name)]
-        if not _pure(n, stateless):
+        if not pure(n, stateless):
             found.append(Candidate(RULE, name, g.path, False, f"{g.words(name)} is read by nothing, but it changes "
                                    "state (in place, or a norm's running statistics): it stays", ops=ops))
             continue

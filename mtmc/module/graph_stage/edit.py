@@ -19,6 +19,13 @@ PURE_OPS = ("call_function", "call_method", "get_attr")
 STATEFUL_FUNCTIONS = ("torch.nn.functional.batch_norm", "torch.nn.functional.instance_norm")
 
 
+def pure(n: dict, modules: set[str] = frozenset()) -> bool:
+    """Whether node `n` may go when nothing reads it: a function or method changing nothing in
+    place, or a module call named in `modules` (those known to keep no state)."""
+    return ((n["op"] in PURE_OPS and n["target"] not in STATEFUL_FUNCTIONS) or n["name"] in modules) \
+        and not n["target"].rsplit(".", 1)[-1].endswith("_")
+
+
 def tensor_value(shape, dtype: str) -> dict:
     return {"tensor": {"shape": [int(s) for s in shape], "dtype": dtype}}
 
@@ -115,9 +122,7 @@ class Editor:
             changed = False
             used = {u for n in self.nodes for u in arg_nodes(n["args"]) + arg_nodes(n["kwargs"])}
             for n in list(self.nodes):
-                pure = (n["op"] in PURE_OPS and n["target"] not in STATEFUL_FUNCTIONS) or n["name"] in modules
-                if n["name"] not in used and n["name"] in had_users and pure \
-                        and not n["target"].rsplit(".", 1)[-1].endswith("_"):
+                if n["name"] not in used and n["name"] in had_users and pure(n, modules):
                     self.nodes.remove(n)
                     dropped.append(n["name"])
                     changed = True
