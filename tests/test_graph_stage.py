@@ -200,11 +200,69 @@ def test_a_mean_or_sum_over_rows_moves_onto_the_input(tmp_path, reduce):
     _matches(tmp_path, path, edited, update=lambda m: m.fc.weight.mul_(-1.5))
 
 
-def test_a_mean_over_a_convs_positions_is_refused(tmp_path):
-    path = _module(tmp_path, "return self.conv(x).mean(dim=(2, 3))", init="self.conv = nn.Conv2d(3, 4, 3, padding=1)",
-                   inputs="torch.rand(1, 3, 6, 6)")
+POSITION_CASES = [
+    # (conv, input, forward): every geometry's borders live in the tap-window matrices
+    ("nn.Conv2d(3, 4, 3, padding=1)", "torch.rand(2, 3, 6, 7)", "return self.conv(x).mean(dim=(2, 3))"),
+    ("nn.Conv2d(3, 4, (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2))", "torch.rand(2, 3, 9, 11)",
+     "return (self.conv(x) * 0.5 - self.s.view(4, 1, 1)).sum(dim=[2, 3], keepdim=True)"),
+    ("nn.ConvTranspose2d(3, 4, 4, stride=2, padding=1, output_padding=1)", "torch.rand(2, 3, 5, 6)",
+     "return torch.mean(self.conv(x) * 2.0 + self.s.view(1, 4, 1, 1), dim=(2, 3), keepdim=True)"),
+    ("nn.ConvTranspose3d(2, 4, 3, stride=1, padding=1)", "torch.rand(2, 2, 5, 4, 6)",   # L2 13: depth only
+     "y = self.conv(x).mean(dim=2, keepdim=True) + self.s.view(1, 4, 1, 1, 1)\nreturn torch.softmax(y, dim=1)"),
+    ("nn.Conv3d(2, 3, (2, 3, 3), stride=(1, 2, 1), padding=(0, 1, 2))", "torch.rand(1, 2, 4, 7, 5)",
+     "return self.conv(x).sum(dim=(2, 4))"),
+    ("nn.ConvTranspose1d(3, 4, 5, stride=3, padding=2, dilation=2)", "torch.rand(2, 3, 8)",
+     "return -self.conv(x).mean(-1)"),
+    ("nn.Conv1d(3, 4, 3, padding='same', dilation=2, bias=False)", "torch.rand(2, 3, 10)",
+     "return self.conv(x).sum(2)"),
+    # global average pools: a module and a function
+    ("nn.ConvTranspose2d(3, 4, 3, stride=2)\nself.pool = nn.AdaptiveAvgPool2d((1, 1))", "torch.rand(2, 3, 5, 4)",
+     "return self.pool(self.conv(x) * 0.5).flatten(1)"),
+    ("nn.Conv3d(3, 4, 2)", "torch.rand(2, 3, 4, 5, 3)", "return F.adaptive_avg_pool3d(self.conv(x) - 1.0, 1)"),
+]
+
+
+@pytest.mark.parametrize("conv, inputs, forward", POSITION_CASES)
+def test_a_mean_or_sum_over_a_convs_positions_becomes_window_sums(tmp_path, conv, inputs, forward):
+    """sum_o conv(x)[o] = sum_k (sum of x over tap k's window) w[k]: the conv runs over the kept
+    dims only (or becomes a GEMM), on inputs of every geometry; parameters updated after the
+    state_dict load are followed."""
+    path = _module(tmp_path, forward, init=f"self.conv = {conv}\nself.s = nn.Parameter(torch.randn(4))",
+                   inputs=inputs)
+    cap, c = _one(path, "reduction_before_linear")
+    assert c.legal and "window" in c.reason + c.result, c.reason
+    edited = _with(cap, c.apply)
+    assert edited["graphs"][0]["shapes_fixed"]
+    # the full-size conv (and a pooling module reading it) no longer runs
+    assert not [n for n in edited["graphs"][0]["nodes"] if n["op"] == "call_module"]
+    for kernels in (False, True):
+        _matches(tmp_path, path, edited, kernels=kernels, update=lambda m: m.conv.weight.mul_(-1.5))
+
+
+def test_positions_rewrite_cuts_the_work_and_is_chosen_at_real_size(tmp_path):
+    """KernelBench L2 13's shape: the 3-D transposed conv becomes a 2-D one on 3x the channels."""
+    path = _module(tmp_path, "y = self.conv(x).mean(dim=2, keepdim=True) + self.s.view(1, 64, 1, 1, 1)\n"
+                   "return torch.tanh(torch.softmax(y, dim=1)) * 2.0",
+                   init="self.conv = nn.ConvTranspose3d(16, 64, 3, padding=1)\nself.s = nn.Parameter(torch.randn(64))",
+                   inputs="torch.rand(16, 16, 32, 128, 128)")
+    stage = graph_stage.run(capture(str(path)))
+    (rw,) = stage["applied"]
+    assert rw["rule"] == "reduction_before_linear" and "conv_transpose2d" in rw["result"]
+    assert rw["predicted"]["after"]["flops"] < rw["predicted"]["before"]["flops"] / 8
+    (conv,) = [g for g in partition(stage["captured"]).groups if g.family == "conv"]
+    assert conv.spec["op"] == "conv_transpose2d" and conv.spec["dims"]["C_in"] == 48
+
+
+@pytest.mark.parametrize("conv, forward, why", [
+    ("nn.Conv2d(4, 8, 3, groups=2)", "return self.conv(x).mean(dim=(2, 3))", "grouped"),
+    ("nn.Conv2d(4, 8, 3, padding=1, padding_mode='reflect')", "return self.conv(x).mean(dim=(2, 3))", "padding_mode"),
+    ("nn.Conv2d(4, 8, 3)", "return self.conv(x).mean(dim=(0, 2, 3))", "positions alone"),
+    ("nn.Conv2d(4, 8, 3)", "return torch.relu(self.conv(x)).mean(dim=(2, 3))", "not linear"),
+])
+def test_a_reduction_over_positions_is_refused_where_it_does_not_commute(tmp_path, conv, forward, why):
+    path = _module(tmp_path, forward, init=f"self.conv = {conv}", inputs="torch.rand(1, 4, 6, 6)")
     _, c = _one(path, "reduction_before_linear")
-    assert not c.legal and "borders" in c.reason
+    assert not c.legal and why in c.reason, c.reason
 
 
 def test_grouped_conv_channel_sum_is_refused(tmp_path):

@@ -699,3 +699,43 @@ def test_einops_calls_and_factories_of_traced_sizes_are_captured():
     assert sum(op.startswith("einops.einops.rearrange") for op in stays) == 3, stays
     assert any(op.startswith("ones") for op in stays), stays
     assert {g.family for g in part.groups} >= {"scan", "elementwise"}
+
+
+def _fake_checks(monkeypatch, bad: set[int]):
+    """assemble writes the ids of the kernels ModelNew gets; the check fails while one of `bad` is
+    among them.  Returns the list of kernel-id sets checked."""
+    from types import SimpleNamespace
+    from mtmc.agents import module_steps
+    seen = []
+    monkeypatch.setattr(module_steps, "assemble", lambda source, cap, groups, kernels: repr(sorted(kernels)))
+
+    def check(path, ref, timeout_s, pytorch_only=False):
+        ids = set(eval(Path(path).read_text()))
+        seen.append(ids)
+        return {"status": "failed" if ids & bad else "passed", "reason": f"group(s) {sorted(ids & bad)}"}
+    monkeypatch.setattr(module_steps, "check_in_child", check)
+    groups = [SimpleNamespace(id=i) for i in range(16)]
+    outcomes = {i: {"status": "kernel", "source": "", "config": {}, "correctness": {}} for i in range(16)}
+    return seen, groups, outcomes
+
+
+def test_a_failed_module_check_finds_the_breaking_group_by_halving(tmp_path, monkeypatch):
+    """ResNet18 on the H100 (16+ kernel groups): each group checked alone after a failed module
+    check took ~20 s apiece and ran the task past its time limit.  Halving clears a set of groups
+    that passes at once: one bad group of 16 costs 9 checks here, not 17."""
+    from mtmc.agents.module_steps import _check_until_it_passes
+    seen, groups, outcomes = _fake_checks(monkeypatch, bad={11})
+    check = _check_until_it_passes("", {}, {}, groups, outcomes, tmp_path / "new.py", 10)
+    assert check["status"] == "passed"
+    assert [i for i, o in outcomes.items() if o["status"] == "fallback"] == [11]
+    assert len(seen) <= 2 * 4 + 2, len(seen)
+
+
+def test_past_the_deadline_the_search_stops_and_modelnew_is_all_pytorch(tmp_path, monkeypatch):
+    import time as time_
+    from mtmc.agents.module_steps import _check_until_it_passes
+    seen, groups, outcomes = _fake_checks(monkeypatch, bad={3, 12})
+    check = _check_until_it_passes("", {}, {}, groups, outcomes, tmp_path / "new.py", 10,
+                                   deadline=time_.time() - 1)
+    assert check["status"] == "passed" and seen == [set(range(16)), set()]
+    assert all(o["status"] == "fallback" and "time budget" in o["reason"] for o in outcomes.values())

@@ -399,7 +399,8 @@ def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
     original = {**state["captured"], "graphs": state["original_graphs"]} if state.get("original_graphs") else None
     result = steps.assemble_checked(state["path"], state["captured"], _groups(state), outcomes,
                                    Path(state["out_path"]), state["gpu"], runtime.context.timeout_s,
-                                   on_event=lambda ev: emit(E.from_dict(ev)), original=original)
+                                   on_event=lambda ev: emit(E.from_dict(ev)), original=original,
+                                   deadline=_moves_end(state.get("deadline"), runtime.context.budget_s))
     out = {"check": result, "outcomes": {str(k): v for k, v in outcomes.items()}}
     if result.get("rewrites_reverted"):   # ModelNew was written from the graph as captured
         rewrites = dict(state.get("rewrites") or {})

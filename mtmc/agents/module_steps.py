@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from mtmc.agents import events as E
@@ -241,9 +242,10 @@ def write_model_new(source: str, captured: dict, groups: list[Group], outcomes: 
 
 
 def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
-                     gpu: bool, timeout_s: float, on_event=None, original: dict | None = None) -> dict:
+                     gpu: bool, timeout_s: float, on_event=None, original: dict | None = None,
+                     deadline: float | None = None) -> dict:
     """Write ModelNew with every kernel, check it; when the check fails, find the groups that
-    break it (each checked alone), let them fall back, and write and check again.  `original`:
+    break it (by halving, until `deadline`), let them fall back, and write and check again.  `original`:
     the capture before the graph stage rewrote `captured`; when even the all-PyTorch ModelNew of
     the rewritten graph fails, ModelNew is written from it (the result then has
     "rewrites_reverted": why).  With no kernel and no rewrite ModelNew runs Model's own code:
@@ -258,7 +260,7 @@ def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes:
     ref = reference_run(upload, gpu, timeout_s, out.parent)
     try:
         source = Path(upload).read_text()
-        check = _check_until_it_passes(source, ref, captured, groups, outcomes, out, timeout_s, on_event)
+        check = _check_until_it_passes(source, ref, captured, groups, outcomes, out, timeout_s, on_event, deadline)
         if check["status"] == "failed" and original is not None and not _kernels(groups, outcomes):
             reason = f"the rewritten graph failed the module check: {check.get('reason', '')}"
             write_text(out, assemble(source, original, [], {}))
@@ -273,7 +275,13 @@ def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes:
 
 
 def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict, groups: list[Group],
-                           outcomes: dict[int, dict], out: Path, timeout_s: float, on_event=None) -> dict:
+                           outcomes: dict[int, dict], out: Path, timeout_s: float, on_event=None,
+                           deadline: float | None = None) -> dict:
+    """Check ModelNew with every kernel; when that fails, find the groups that break it by
+    halving (a set of kernels that passes is cleared at once: a ResNet with one bad group of
+    twenty costs ~2 log2(20) checks, not 20), let them fall back and check again.  Past the
+    `deadline` (time.time()) the search stops and ModelNew is written all-PyTorch rather than
+    late or wrong."""
     def write_and_check(path: Path, kernels: dict, announce: bool = True) -> dict:
         write_text(path, assemble(source, captured, groups, kernels))
         check = check_in_child(str(path), ref, timeout_s, pytorch_only=not kernels)
@@ -282,21 +290,40 @@ def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict
                                           phases=(check.get("verdict") or {}).get("phases") or []))
         return check
 
+    def fall_back(gids, reason: str) -> None:
+        for gid in gids:
+            outcomes[gid].update(status="fallback", reason=reason)
+            _emit(on_event, E.GroupFallback(group=gid, reason=reason))
+
+    def late() -> bool:
+        return deadline is not None and time.time() > deadline
+
     check = write_and_check(out, _kernels(groups, outcomes))
     if check["status"] != "failed" or not _kernels(groups, outcomes):
         return check
     with tempfile.TemporaryDirectory(prefix="mtmc-isolate-") as tmp:
-        for gid in list(_kernels(groups, outcomes)):
-            one = write_and_check(Path(tmp) / f"group_{gid}.py", _kernels(groups, outcomes, {gid}), announce=False)
-            if one["status"] == "failed":
-                outcomes[gid].update(status="fallback", reason=f"breaks the module check: {one.get('reason', '')}")
-                _emit(on_event, E.GroupFallback(group=gid, reason=outcomes[gid]["reason"]))
+        def breaking(gids: list[int], known_bad: dict | None) -> None:
+            """Fall back the groups of `gids` that break the check (`known_bad`: their check,
+            already known to fail)."""
+            if late():
+                fall_back(gids, "the module check failed and the time budget ended before its cause was found")
+                return
+            one = known_bad or write_and_check(Path(tmp) / f"groups_{gids[0]}_{len(gids)}.py",
+                                               _kernels(groups, outcomes, set(gids)), announce=False)
+            if one["status"] != "failed":
+                return
+            if len(gids) == 1:
+                fall_back(gids, f"breaks the module check: {one.get('reason', '')}")
+                return
+            half = len(gids) // 2
+            breaking(gids[:half], None)
+            breaking(gids[half:], None)
+
+        breaking(sorted(_kernels(groups, outcomes)), check)
     check = write_and_check(out, _kernels(groups, outcomes))
     if check["status"] == "failed" and _kernels(groups, outcomes):
         # together they still break it: write the all-PyTorch ModelNew rather than a wrong one
-        for gid in _kernels(groups, outcomes):
-            outcomes[gid].update(status="fallback", reason=f"the module check failed with it: {check.get('reason', '')}")
-            _emit(on_event, E.GroupFallback(group=gid, reason=outcomes[gid]["reason"]))
+        fall_back(list(_kernels(groups, outcomes)), f"the module check failed with it: {check.get('reason', '')}")
         check = write_and_check(out, {})
     return check
 

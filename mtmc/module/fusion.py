@@ -735,6 +735,8 @@ _LEFT_WHY = {
                     "a constant fill: nothing to compute, PyTorch writes it"),
     # torch.tensor(number) in a forward: the kernels that read it take the number itself
     "tensor": "a constant made from Python numbers: nothing to compute; a kernel reading it takes the number",
+    # the graph stage's tap windows (conv_positions): a small 0/1 matrix copied to the GPU
+    "new_tensor": "a small constant made from Python numbers (a moved reduction's tap windows): nothing to compute",
     # DenseNet's 58 concatenations: a copy each; only producers writing into its slices would save it
     **dict.fromkeys(("cat", "concat", "concatenate", "stack", "hstack", "vstack"),
                     "a concatenation: a copy at memory speed, as torch.cat does it; writing its inputs' "

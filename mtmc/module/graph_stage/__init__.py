@@ -5,7 +5,8 @@ Rules (each a module with `candidates(desc) -> list[records.Candidate]`, one per
 at: legal with the edited graph, or refused with the reason):
   reductions  a sum / mean after a linear map (nn.Linear, F.linear, x @ W, a conv or conv
               transpose) moved before it, through the affine ops between (a GEMM becomes a GEMV;
-              a conv becomes a one-channel conv)
+              a conv becomes a one-channel conv; over a conv's positions, tap-window sums of its
+              input and a smaller conv or a GEMM: conv_positions)
   batchnorm   an eval-mode BatchNorm folded into the preceding conv / linear weights at run time
               (refused in training mode: batch statistics)
   simplify    identities removed: softmax over a dim of size 1, reductions over singleton dims,

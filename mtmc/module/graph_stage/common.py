@@ -115,9 +115,35 @@ class Reduction:
     every: bool               # dim=None (all dims)
 
 
+def _global_average(g: Graph, name: str) -> Reduction | None:
+    """An adaptive average pool to one position per channel (nn.AdaptiveAvgPool2d(1),
+    F.adaptive_avg_pool3d(x, (1, 1, 1))): a mean over every position, keepdim."""
+    from mtmc.module.pool_fusion import POOL_FUNCTIONS, POOL_MODULES
+    n = g.by_name[name]
+    args, kwargs = g.args(name)
+    if n["op"] == "call_module":
+        info = g.modules.get(n["target"], {})
+        if not POOL_MODULES.get(info.get("type", ""), "").startswith("adaptive_avg"):
+            return None
+        size = info.get("attrs", {}).get("output_size")
+    elif n["op"] == "call_function" and POOL_FUNCTIONS.get(n["target"], ("",))[0].startswith("adaptive_avg"):
+        size = _arg(args, kwargs, 1, "output_size")
+    else:
+        return None
+    x = args[0] if args else None
+    t = g.tensor(x) if isinstance(x, NodeRef) else None
+    if t is None or len(t[0]) < 3 or not all(v == 1 for v in (size if isinstance(size, (list, tuple)) else [size])):
+        return None
+    return Reduction(name, "mean", x, list(range(2, len(t[0]))), True, False)
+
+
 def reduction(g: Graph, name: str) -> Reduction | None | str:
-    """The sum or mean `name` computes, None when it is neither, or a reason string when it is
-    one in a form the rewrites do not take (a dtype= cast)."""
+    """The sum or mean `name` computes (a global average pool is a mean over the positions), None
+    when it is neither, or a reason string when it is one in a form the rewrites do not take (a
+    dtype= cast)."""
+    pooled = _global_average(g, name)
+    if pooled is not None:
+        return pooled
     n = g.by_name[name]
     op = SUM_MEAN.get(n["target"]) if n["op"] == "call_function" else (
         n["target"] if n["op"] == "call_method" and n["target"] in ("sum", "mean") else None)

@@ -4,6 +4,7 @@
     ((x @ W^T + b) * a + c).mean(-1) ->  x @ (a W).mean(0) + mean(a b + c)
     conv(x, W, b).sum(1)             ->  conv(x, W.sum(0, keepdim=True), b.sum())   (one output channel)
     convT(x, W, b).sum(1)            ->  convT(x, W.sum(1, keepdim=True), b.sum())
+    conv(x, W, b).mean((2, 3))       ->  (tap-window sums of x) x W + b  (graph_stage.conv_positions)
 
 Exact in real arithmetic because the reduction runs over exactly the map's output features and
 every op between is affine in them (a scale, a divide, an add or subtract of a constant or of a
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from mtmc.module.functionalize import mutations
 from mtmc.module.fx_ops import Graph, NodeRef, q
+from mtmc.module.graph_stage.conv_positions import positions_refusal, positions_rewrite, positions_work
 from mtmc.module.graph_stage.common import (
     EXACT_DTYPES, LinearMap, Reduction, Step, chain_step, feeding_map, reduction, walk_chain,
 )
@@ -178,12 +180,13 @@ def _candidate(desc: dict, g: Graph, name: str, r) -> Candidate | None:
     nd = len(m.out_shape)
     if r.dims and m.feature_dim not in r.dims and m.conv is None:   # over rows: the reduction moves onto x
         return _rows_candidate(desc, g, name, m, r, steps, ops)
+    if m.conv is not None and m.feature_dim not in r.dims:   # over positions: window sums of the input
+        return _positions_candidate(desc, g, name, m, r, steps, ops)
     if r.dims != [m.feature_dim]:
         over = "every dim" if r.every else f"dims {r.dims}"
-        where = (" (over a conv's positions the borders and strides do not commute with it)"
-                 if m.conv is not None and m.feature_dim not in r.dims else "")
         return refuse(f"the {r.op} runs over {over}, not exactly the map's output features (dim {m.feature_dim} "
-                      f"of {nd}) nor only its rows{where}; only those reductions are moved before the map")
+                      f"of {nd}) nor only its rows nor only a conv's positions; only those reductions are moved "
+                      "before the map")
     if m.conv is not None:
         why = _conv_refusal(m)
         if why:
@@ -284,7 +287,7 @@ def _apply(desc: dict, g: Graph, m: LinearMap, r: Reduction, steps: list[Step]) 
     if const is not None:
         res = ed.add(at, "plus_const", "call_function", ADD, (res, const), {}, g.tensor(r.node)[0], m.dtype)
     ed.replace_uses(r.node, res)
-    ed.drop_dead(had, {m.node})
+    ed.drop_dead(had, {m.node, r.node})   # r.node may be a pooling module (stateless)
     # kernels it adds besides the weight sum and the GEMV (or one-channel conv): the constant's
     # reduction and the add of it (the scales fuse into those kernels)
     launches = (1 if isinstance(const, NodeRef) and const.name.startswith("rw_const") else 0) + (1 if const is not None else 0)
@@ -324,7 +327,7 @@ def _rows_candidate(desc: dict, g: Graph, name: str, m: LinearMap, r: Reduction,
         running = ed.add(at, "squeeze", "call_method", "squeeze", (running, tuple(r.dims)), {}, g.tensor(r.node)[0],
                          m.dtype)
     ed.replace_uses(r.node, running)
-    ed.drop_dead(had, {m.node})
+    ed.drop_dead(had, {m.node, r.node})   # r.node may be a pooling module (stateless)
     fewer = max(1, numel(kept) // m.n)
     k = g.tensor(m.x)[0][-1]
     before = _work_before(m, r, len(steps))
@@ -338,6 +341,23 @@ def _rows_candidate(desc: dict, g: Graph, name: str, m: LinearMap, r: Reduction,
                                                     "x's sizes at run time)" if r.op == "sum" else ""),
                      ops=ops, result=f"the {r.op} of x over dims {r.dims} first, then the map on the reduced rows",
                      before=before, after=after, dtype=m.dtype, apply=ed.desc)
+
+
+def _positions_candidate(desc: dict, g: Graph, name: str, m: LinearMap, r: Reduction, steps: list[Step],
+                         ops: list[str]) -> Candidate:
+    """A mean (or sum) over a conv's positions: window sums of its input, then a smaller conv
+    or a GEMM (graph_stage.conv_positions)."""
+    xs = g.tensor(m.x)[0]
+    why = positions_refusal(m, r, xs)
+    if why:
+        return Candidate(RULE, name, g.path, False, why, ops=ops)
+    ed, result = positions_rewrite(desc, g, m, r, steps, _clone_with)
+    return Candidate(RULE, name, g.path, True,
+                     f"exact: the {r.op} runs over positions {r.dims} of {g.words(m.node)}; summed over them, the "
+                     "conv is the input's sums over each tap's window (borders, padding and strides included) "
+                     "times that tap's weights, and the ops between (constants per channel) commute with a mean "
+                     "over positions", ops=ops, result=result, before=_work_before(m, r, len(steps)),
+                     after=positions_work(m, r, xs), dtype=m.dtype, apply=ed.desc)
 
 
 def _prev(steps: list[Step], s_: Step, m: LinearMap) -> str:
