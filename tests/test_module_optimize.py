@@ -710,6 +710,8 @@ def _fake_checks(monkeypatch, bad: set[int]):
     monkeypatch.setattr(module_steps, "assemble", lambda source, cap, groups, kernels: repr(sorted(kernels)))
 
     def check(path, ref, timeout_s, pytorch_only=False):
+        if isinstance(ref, dict):   # as the real one: no reference, its reason
+            return ref
         ids = set(eval(Path(path).read_text()))
         seen.append(ids)
         return {"status": "failed" if ids & bad else "passed", "reason": f"group(s) {sorted(ids & bad)}"}
@@ -725,7 +727,7 @@ def test_a_failed_module_check_finds_the_breaking_group_by_halving(tmp_path, mon
     that passes at once: one bad group of 16 costs 9 checks here, not 17."""
     from mtmc.agents.module_steps import _check_until_it_passes
     seen, groups, outcomes = _fake_checks(monkeypatch, bad={11})
-    check = _check_until_it_passes("", {}, {}, groups, outcomes, tmp_path / "new.py", 10)
+    check = _check_until_it_passes("", None, {}, groups, outcomes, tmp_path / "new.py", 10)
     assert check["status"] == "passed"
     assert [i for i, o in outcomes.items() if o["status"] == "fallback"] == [11]
     assert len(seen) <= 2 * 4 + 2, len(seen)
@@ -735,7 +737,30 @@ def test_past_the_deadline_the_search_stops_and_modelnew_is_all_pytorch(tmp_path
     import time as time_
     from mtmc.agents.module_steps import _check_until_it_passes
     seen, groups, outcomes = _fake_checks(monkeypatch, bad={3, 12})
-    check = _check_until_it_passes("", {}, {}, groups, outcomes, tmp_path / "new.py", 10,
+    check = _check_until_it_passes("", None, {}, groups, outcomes, tmp_path / "new.py", 10,
                                    deadline=time_.time() - 1)
     assert check["status"] == "passed" and seen == [set(range(16)), set()]
     assert all(o["status"] == "fallback" and "time budget" in o["reason"] for o in outcomes.values())
+
+
+def test_on_a_gpu_a_module_the_guard_cannot_check_keeps_models_own_code(tmp_path, monkeypatch):
+    """KernelBench L3 Mamba2 on the H100: the reference could not run (Model rejected the guard's
+    cut batch), the module check was skipped, and the composed kernels, each proved alone, missed
+    1e-2 together.  On a GPU an unchecked module now ships no kernels."""
+    from mtmc.agents import module_steps
+    seen, groups, outcomes = _fake_checks(monkeypatch, bad=set())
+    skipped = {"status": "skipped", "reason": "the whole module cannot be checked: the reference failed"}
+    monkeypatch.setattr(module_steps, "reference_run", lambda *a, **k: dict(skipped))
+    upload = tmp_path / "m.py"
+    upload.write_text("# the upload\n")
+    events = []
+    check = module_steps.assemble_checked(str(upload), {}, groups, outcomes, tmp_path / "new.py", gpu=True,
+                                          timeout_s=10, on_event=events.append)
+    assert check["status"] == "skipped" and check["model_own_code"] and "unproven" in check["reason"]
+    assert all(o["status"] == "fallback" for o in outcomes.values())
+    assert (tmp_path / "new.py").read_text() == "[]"   # written with no kernel
+    # offline (Triton's interpreter too slow for the whole module) the checked groups stay
+    seen, groups, outcomes = _fake_checks(monkeypatch, bad=set())
+    check = module_steps.assemble_checked(str(upload), {}, groups, outcomes, tmp_path / "new.py", gpu=False,
+                                          timeout_s=10)
+    assert check["status"] == "skipped" and all(o["status"] == "kernel" for o in outcomes.values())

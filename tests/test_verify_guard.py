@@ -566,3 +566,31 @@ def test_running_statistics_are_judged_against_float64_where_models_own_are_off(
     skipped = {"bn.running_mean": torch.zeros(64)}
     (why,) = _state_changes(skipped, want, truth)
     assert "bn.running_mean" in why and "float64" in why
+
+
+def test_a_model_sized_by_its_batch_is_checked_on_the_whole_batch(monkeypatch):
+    """KernelBench L3 Mamba2 keeps parameters of the batch's size: the guard's batch cut (inputs
+    staged through files on a GPU without CUDA IPC) made Model fail, and the whole module went
+    unchecked.  Where the whole batch fits the files' cap, the check now runs on it."""
+    import types
+    from mtmc.tools.guard import reference as R
+
+    class Sized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.randn(8, 4))
+
+        def forward(self, x):
+            return x * self.p   # only a batch of 8 broadcasts
+
+    module = types.SimpleNamespace(get_inputs=lambda: [torch.rand(8, 4)])
+    try:
+        R._RUN.update(module=module, device="cpu", max_elems=8)
+        monkeypatch.setattr(R, "_uncut_fits", lambda: False)
+        with pytest.raises(ValueError, match="rejects a smaller batch"):
+            R._mode(Sized())
+        monkeypatch.setattr(R, "_uncut_fits", lambda: True)
+        mode, _, _ = R._mode(Sized())
+        assert mode == "train" and R._RUN["max_elems"] is None
+    finally:
+        R._RUN.clear()

@@ -54,6 +54,7 @@ from mtmc.kernels.estimate import roofline
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
 from mtmc.module import graph_stage
 from mtmc.module.graph_stage import layout
+from mtmc.module.graph_stage.edit import draws_random
 from mtmc.module.graph_stage import library as library_anchor
 from mtmc.module.custom_groups import custom_groups
 from mtmc.module.fusion import LIBRARY_FAMILIES, Group, Partition, partition
@@ -92,6 +93,7 @@ class ModuleState(TypedDict, total=False):
                                        # ops, why ([] once regroup found none; unset before it ran)
     check: dict                        # the whole-module check
     timing: dict | None                # ModelNew against eager and torch.compile (GPU)
+    replay: dict                       # the launch-overhead action's decision (module.graph_replay)
     deadline: float | None             # time.time() of the module's time budget's end (Context.budget_s)
     summary: dict                      # module.report.summary_json, with "report" and "message"
 
@@ -410,6 +412,41 @@ def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
     return out
 
 
+def _replay_refusal(state: ModuleState) -> tuple[str, str] | None:
+    """(status, why) when the launch-overhead action is not tried or refused; None to try it."""
+    chk = state["check"]
+    if not state["gpu"]:
+        return "not tried", "no GPU: a CUDA graph's gain is measured, not estimated"
+    if chk["status"] != "passed" or chk.get("model_own_code") or chk.get("rewrites_reverted"):
+        return "not tried", "ModelNew is Model's own code or did not pass the module check"
+    if state.get("deadline") and time.time() > state["deadline"] - FINISH_RESERVE_S:
+        return "not tried", "the module's time budget is spent"
+    random = [n["name"] for d in state["captured"]["graphs"] for n in d["nodes"]
+              if draws_random(d.get("modules", {}), n)]
+    if random:
+        return "refused", (f"the forward draws random numbers ({random[0]}): a replayed graph's draws would not "
+                           "follow Model's generator")
+    size = (state.get("memory") or {}).get("inputs_bytes") or 0
+    if size > steps.REPLAY_MAX_BYTES:
+        return "refused", (f"inputs of {size / 2**30:.1f} GiB: a graph keeps static copies of them and its own "
+                           "intermediates; launches are not where such a module's time goes")
+    return None
+
+
+def replay(state: ModuleState, runtime: Runtime[Context]) -> dict:
+    """The launch-overhead macro action: ModelNew's whole forward replayed as one CUDA graph where
+    the GPU measures it faster than the plain ModelNew and the guard passes it."""
+    refused = _replay_refusal(state)
+    if refused is not None:
+        return {"replay": {"action": "cuda_graph", "status": refused[0], "why": refused[1]}}
+    decision = steps.replay_choice(state["path"], state["captured"], _groups(state), _outcomes_by_id(state),
+                                   Path(state["out_path"]), runtime.context.timeout_s, None,
+                                   on_event=lambda ev: emit(E.from_dict(ev)))
+    emit(E.Replayed(status=decision["status"], why=decision["why"], plain_ms=decision["plain_ms"],
+                    replay_ms=decision["replay_ms"]))
+    return {"replay": decision}
+
+
 def time_it(state: ModuleState, runtime: Runtime[Context]) -> dict:
     """ModelNew against eager and torch.compile, on a GPU and only after it passed the check."""
     if not (state["gpu"] and state["check"]["status"] == "passed"):
@@ -429,6 +466,7 @@ def report(state: ModuleState) -> dict:
     outcomes = {int(k): v for k, v in state["outcomes"].items()}
     summary = summary_json(os.path.basename(state["path"]), state["out_path"], status, state["captured"], part,
                            outcomes, state["check"], state.get("timing"), state["gpu"], state.get("rewrites"))
+    summary["replay"] = state.get("replay")
     text = markdown_report(summary)
     if state.get("report_path"):
         steps.write_text(Path(state["report_path"]), text)
@@ -441,7 +479,8 @@ def report(state: ModuleState) -> dict:
 def build_module_graph() -> StateGraph:
     g = StateGraph(ModuleState, context_schema=Context)
     for name, fn in [("capture", capture), ("rewrite", rewrite), ("plan", plan), ("group", group),
-                     ("regroup", regroup), ("assemble", assemble), ("check", check), ("time", time_it),
+                     ("regroup", regroup), ("assemble", assemble), ("check", check), ("replay", replay),
+                     ("time", time_it),
                      ("report", report)]:
         g.add_node(name, fn)
     g.add_edge(START, "capture")
@@ -451,7 +490,8 @@ def build_module_graph() -> StateGraph:
     g.add_edge("group", "regroup")
     g.add_conditional_edges("regroup", fan_out_regrouped, ["group", "assemble"])
     g.add_edge("assemble", "check")
-    g.add_edge("check", "time")
+    g.add_edge("check", "replay")
+    g.add_edge("replay", "time")
     g.add_edge("time", "report")
     g.add_edge("report", END)
     return g

@@ -26,6 +26,7 @@ from torch.fx.node import _get_qualified_name
 
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.module import attention_fusion, view_fusion
+from mtmc.module.graph_replay import REPLAY_HELPER, forward_source as replay_forward
 from mtmc.module.conv_fusion import out_shape_source
 from mtmc.module.pool_fusion import out_shape_source as pool_out_shape_source
 from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
@@ -392,11 +393,13 @@ def _ident(path: str) -> str:
 
 # -- the whole file ---------------------------------------------------------------------------
 
-def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dict[int, dict]) -> str:
+def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dict[int, dict],
+             replay: bool = False) -> str:
     """NEW.py's text.  kernels: group id -> {"source": Triton source with launch(), "config",
-    "summary": words for the header comment}; groups without one stay PyTorch."""
+    "summary": words for the header comment}; groups without one stay PyTorch.  replay: ModelNew's
+    whole forward runs as a replayed CUDA graph on a GPU (module.graph_replay)."""
     chosen = [g for g in groups if g.id in kernels]
-    parts = [user_source.rstrip() + "\n", "", MARKER, _PRELUDE]
+    parts = [user_source.rstrip() + "\n", "", MARKER, _PRELUDE + (REPLAY_HELPER if replay else "")]
     wrapper_names = {}
     for g in chosen:
         k = kernels[g.id]
@@ -411,7 +414,7 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
                      else wrapper_source(g, prefix + "launch", wrapper_names[g.id]))
     used_globals: dict[str, object] = {}
     stand_ins: dict = {}
-    forwards, bound, root_forward = [], [], None
+    forwards, bound, root_forward, replayed = [], [], None, None
     for desc in captured["graphs"]:
         path = desc.get("path", "")
         mine = [g for g in chosen if g.graph == path]
@@ -419,7 +422,7 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
             continue
         graph, made = rewrite(desc, mine)
         stand_ins.update(made)
-        fn = f"_mtmc_forward_{_ident(path)}" if path else "forward"
+        fn = f"_mtmc_forward_{_ident(path)}" if path else ("_mtmc_forward_root" if replay else "forward")
         src, used = forward_source(graph, fn)
         if desc.get("shapes_fixed"):
             src = shape_guard(src, desc, "Model.forward" if not path else "type(self).forward")
@@ -428,8 +431,13 @@ def assemble(user_source: str, captured: dict, groups: list[Group], kernels: dic
         if path:
             forwards.append(src)
             bound.append((path, fn))
+        elif replay:   # a module-level function the replaying forward calls
+            forwards.append(src)
+            replayed = fn
         else:
             root_forward = src
+    if replay:
+        root_forward = replay_forward(replayed if replayed else "Model.forward")
     parts += ["\n".join(_global_lines(used_globals, stand_ins, wrapper_names)), *forwards]
     parts.append(_model_new(root_forward, bound, len(chosen)))
     return "\n\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"

@@ -83,6 +83,18 @@ def rewrite_answer(question: str, summary: dict) -> list[str]:
     return lines
 
 
+def replay_answer(question: str, summary: dict) -> list[str]:
+    """The launch-overhead action's decision, when a why-question is about it (a CUDA graph, a
+    replay, launches)."""
+    rp = summary.get("replay")
+    q = question.lower()
+    if not rp or not any(w in q for w in ("graph", "replay", "launch")):
+        return []
+    times = (f" The plain ModelNew took {_ms(rp['plain_ms'])}, replayed {_ms(rp['replay_ms'])}."
+             if rp.get("plain_ms") and rp.get("replay_ms") else "")
+    return [f"CUDA graph replay of the whole forward (the launch-overhead action): {rp['status']}: {rp['why']}.{times}"]
+
+
 def _ms(v) -> str:
     return f"{v:.4f} ms" if isinstance(v, (int, float)) else "-"
 
@@ -129,6 +141,11 @@ def markdown_report(s: dict) -> str:
     else:
         lines += ["**End to end**: no GPU, so speed was not measured and could not decide anything: every group "
                   "the catalog serves got its kernel. Per-group times below are roofline estimates.", ""]
+    rp = s.get("replay")
+    if rp:   # the launch-overhead action (module.graph_replay)
+        times = (f" (plain {_ms(rp['plain_ms'])}, replayed {_ms(rp['replay_ms'])})"
+                 if rp.get("plain_ms") and rp.get("replay_ms") else "")
+        lines += [f"**CUDA graph replay of the whole forward**: {rp['status']}{times}: {rp['why']}.", ""]
     rw = s.get("rewrites") or {}
     if rw.get("applied") or rw.get("refused"):
         lines += ["## Graph-stage rewrites", ""]

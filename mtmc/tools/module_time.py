@@ -9,6 +9,8 @@ way KernelBench does it.  Runs ONLY in sandboxed children (worker jobs):
            time, ModelNew's ms (GPU only, and only when correct at 1e-2)
   "module_baseline"  {"path": TASK.py, "mode": "eager" | a torch.compile mode, "device": "cuda"}
         -> the original Model's ms (and compile seconds)
+  "module_replay_time" {"path": NEW.py, "other": NEW_replay.py, "device": "cuda"}
+        -> the two ModelNew's ms on one input set (the launch-overhead action, module.graph_replay)
 
 KernelBench semantics: Model(*get_init_inputs()) left in training mode (no .eval()); ModelNew
 built from the same init inputs under the same seed, with Model's state_dict loaded (strict);
@@ -266,6 +268,38 @@ def time_file(path: str) -> dict:
     result["speedup_vs_eager"] = result["eager_ms"] / result["ours_ms"]
     result["speedup_vs_compiled"] = (result["compiled_ms"] / result["ours_ms"]) if result["compiled_ms"] else None
     return result
+
+
+def replay_time_file(path: str, other: str) -> dict:
+    """ModelNew of `path` (plain) and of `other` (its forward replayed as a CUDA graph) timed on
+    the same inputs; whether the replaying one captured a graph at all."""
+    import torch
+
+    from mtmc.tools.guard.draw import fresh_seed
+    from mtmc.tools.timing import bench_ms
+    if not torch.cuda.is_available():
+        raise RuntimeError("module timing needs a CUDA GPU")
+    seed = fresh_seed()
+    result = {"measured": True, "device": torch.cuda.get_device_name(0)}
+    for key, file in (("plain_ms", path), ("replay_ms", other)):
+        module = load_task(file, key.split("_")[0])
+        _, new = build_models(module, module, "cuda", seed)
+        inputs = make_inputs(module, "cuda", seed)
+        with torch.no_grad():
+            new(*inputs)   # compiles the kernels; the replaying one also captures its graph
+            result[key] = bench_ms(lambda: new(*inputs))
+        if key == "replay_ms":
+            result["captured"] = any(v is not False for v in new.__dict__.get("_mtmc_graphs", {}).values())
+        del new, inputs
+        torch.cuda.empty_cache()
+    return result
+
+
+def replay_time_job(job: dict) -> dict:
+    """Worker handler of "module_replay_time"."""
+    from mtmc.tools.offline import block_network
+    block_network()
+    return replay_time_file(job["path"], job["other"])
 
 
 def time_job(job: dict) -> dict:

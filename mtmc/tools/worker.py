@@ -171,7 +171,8 @@ def do_layout_probe(job: dict) -> dict:
 
 HANDLERS = {"compile": do_compile, "check": do_check, "time": do_time, "verify": do_verify, "ping": do_ping,
             "module_time": _module_time("time"), "module_eval": _module_time("eval"),
-            "module_baseline": _module_time("baseline"), "layout_probe": do_layout_probe,
+            "module_baseline": _module_time("baseline"), "module_replay_time": _module_time("replay_time"),
+            "layout_probe": do_layout_probe,
             **{f"reference_{name}": _guard("reference", name) for name in ("open", "state", "variant", "judge", "close")},
             **{f"candidate_{name}": _guard("candidate", name) for name in ("open", "trial", "time")}}
 

@@ -19,9 +19,10 @@ from mtmc.request.parse import parse_request
 WHY = re.compile(r"\bwhy\b|\bhow come\b|^\s*explain\b|\bwhat made you\b|\breason for\b", re.I)
 STEP = re.compile(r"\bstep\s*#?\s*(\d+)", re.I)
 GROUP = re.compile(r"\bgroup\s*#?\s*(\d+)", re.I)
-# fusing, and the graph stage's rewrites (module.graph_stage): both answered from the module's split
+# fusing, the graph stage's rewrites (module.graph_stage) and the CUDA-graph replay
+# (module.graph_replay): all answered from the module's split and records
 FUSION = re.compile(r"\bfus(?:e|ed|es|ion|ing)\b|\brewr(?:ite|ites|ote|itten|iting)\b|\bfold(?:s|ed|ing)?\b"
-                    r"|\bremov(?:e|ed|es|ing)\b|\bmoved?\b", re.I)
+                    r"|\bremov(?:e|ed|es|ing)\b|\bmoved?\b|\bcuda\s+graphs?\b|\breplay(?:s|ed|ing)?\b", re.I)
 
 # The parser's size words, mapped to each family's dim names (kernels/families/*: row ops and
 # elementwise take x as [M, N]; matmul is M x K by K x N, with a batch B when batched).

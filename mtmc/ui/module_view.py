@@ -10,7 +10,7 @@ import pandas as pd
 
 from mtmc.agents import events as E
 from mtmc.agents.events.text import UNCAPTURED
-from mtmc.module.report import rewrite_answer
+from mtmc.module.report import replay_answer, rewrite_answer
 from mtmc.tools.hardware import HardwareProfile
 from mtmc.ui.plots import kernel_point, time_table
 from mtmc.ui.steps import StepStream, final_text
@@ -191,4 +191,7 @@ def fusion_answer(question: str, summary: dict) -> str:
     rewrites = rewrite_answer(question, summary)
     if rewrites:
         lines += ["", *rewrites]
+    replayed = replay_answer(question, summary)
+    if replayed:
+        lines += ["", *replayed]
     return "\n".join(lines)

@@ -209,9 +209,20 @@ class ModuleTime(Event):
     compiled_ms: float | None = None
 
 
+@dataclass(kw_only=True)
+class Replayed(Event):
+    """The launch-overhead action's decision (module.graph_replay)."""
+    kind: ClassVar[str] = "replay"
+    status: str
+    why: str = ""
+    plain_ms: float | None = None
+    replay_ms: float | None = None
+
+
 KINDS: dict[str, type[Event]] = {c.kind: c for c in (
     Parsed, Unsupported, Retrieved, Plan, Code, Verify, Debug, StepDone, Final,
-    Rejected, Captured, Rewritten, Partitioned, GroupStart, GroupDone, GroupFallback, ModuleCheck, ModuleTime)}
+    Rejected, Captured, Rewritten, Partitioned, GroupStart, GroupDone, GroupFallback, ModuleCheck, ModuleTime,
+    Replayed)}
 
 
 def from_dict(data: dict | Event) -> Event:

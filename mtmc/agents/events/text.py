@@ -145,6 +145,7 @@ _RENDER = {
     + ([f"[time]   module check {phase_line(ev.phases)}"] if ev.phases else []),
     E.ModuleTime: lambda ev: [f"[module time] ours {ev.ours_ms} ms, eager {ev.eager_ms} ms, "
                               f"torch.compile {ev.compiled_ms} ms"],
+    E.Replayed: lambda ev: [f"[replay] CUDA graph of the whole forward: {ev.status}: {ev.why}"],
 }
 
 
