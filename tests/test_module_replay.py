@@ -139,7 +139,12 @@ def test_the_replayed_modelnew_is_kept_only_when_faster_and_checked(tmp_path, mo
     assert d["status"] == "not applied" and "could not be captured" in d["why"]
 
 
-def test_a_forward_that_draws_random_numbers_is_never_replayed():
+def _group(i: int) -> dict:
+    from mtmc.kernels.spec import KernelSpec
+    return {"id": i, "spec": KernelSpec("elementwise", "chain", {"M": i + 1, "N": 8}).to_dict()}
+
+
+def test_replay_is_refused_for_random_forwards_and_tried_only_where_launches_weigh():
     from mtmc.agents.module_flow import _replay_refusal
     node = {"name": "drop", "op": "call_function", "target": "torch.nn.functional.dropout", "args": [], "kwargs": {}}
     state = {"gpu": True, "check": {"status": "passed"}, "memory": {"inputs_bytes": 1000},
@@ -151,6 +156,13 @@ def test_a_forward_that_draws_random_numbers_is_never_replayed():
     assert _replay_refusal({**state, "gpu": False})[0] == "not tried"
     big = {**state, "memory": {"inputs_bytes": 4 << 30}}
     assert _replay_refusal(big)[0] == "refused"
+    # one 5 ms kernel: a launch is nothing beside it; forty 20 us groups: launches are half the time
+    one = {**state, "groups": [_group(0)], "outcomes": {"0": {"status": "kernel", "time_ms": 5.0}}}
+    status, why = _replay_refusal(one)
+    assert status == "not tried" and "launches are not where" in why
+    many = {**state, "groups": [_group(i) for i in range(40)],
+            "outcomes": {str(i): {"status": "kernel", "time_ms": 0.02} for i in range(40)}}
+    assert _replay_refusal(many) is None
 
 
 def test_why_a_cuda_graph_is_answered_from_the_modules_record():

@@ -412,6 +412,19 @@ def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
     return out
 
 
+LAUNCH_HOST_MS = 0.005       # what one kernel launch costs the host from Python (torch op or Triton wrapper)
+REPLAY_LAUNCH_SHARE = 0.1    # the replay is tried where launches may be this share of the GPU time or more
+
+
+def _launch_load(state: ModuleState) -> tuple[int, float | None]:
+    """(kernel launches of one forward, roughly: groups and ops left to PyTorch; the GPU ms its
+    groups measured, kernels or eager, or None when one was not measured)."""
+    outs = list(_outcomes_by_id(state).values())
+    times = [o.get("time_ms") if o.get("status") == "kernel" else o.get("eager_ms") for o in outs]
+    launches = len(outs) + len(state.get("torch_ops") or [])
+    return launches, (sum(times) if times and all(times) else None)
+
+
 def _replay_refusal(state: ModuleState) -> tuple[str, str] | None:
     """(status, why) when the launch-overhead action is not tried or refused; None to try it."""
     chk = state["check"]
@@ -426,6 +439,10 @@ def _replay_refusal(state: ModuleState) -> tuple[str, str] | None:
     if random:
         return "refused", (f"the forward draws random numbers ({random[0]}): a replayed graph's draws would not "
                            "follow Model's generator")
+    launches, gpu_ms = _launch_load(state)
+    if gpu_ms is not None and launches * LAUNCH_HOST_MS < REPLAY_LAUNCH_SHARE * gpu_ms:
+        return "not tried", (f"{launches} launches (~{launches * LAUNCH_HOST_MS * 1e3:.0f} us of host time) against "
+                             f"{gpu_ms:.3f} ms measured in its groups: launches are not where the time goes")
     size = (state.get("memory") or {}).get("inputs_bytes") or 0
     if size > steps.REPLAY_MAX_BYTES:
         return "refused", (f"inputs of {size / 2**30:.1f} GiB: a graph keeps static copies of them and its own "
