@@ -154,6 +154,8 @@ def test_replay_is_refused_for_random_forwards_and_tried_only_where_launches_wei
     state["captured"]["graphs"][0]["nodes"] = []
     assert _replay_refusal(state) is None
     assert _replay_refusal({**state, "gpu": False})[0] == "not tried"
+    status, why = _replay_refusal(state, enabled=False)   # off unless optimize --cuda-graph asks for it
+    assert status == "not tried" and "--cuda-graph" in why
     big = {**state, "memory": {"inputs_bytes": 4 << 30}}
     assert _replay_refusal(big)[0] == "refused"
     # one 5 ms kernel: a launch is nothing beside it; forty 20 us groups: launches are half the time

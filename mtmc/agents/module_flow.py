@@ -425,9 +425,12 @@ def _launch_load(state: ModuleState) -> tuple[int, float | None]:
     return launches, (sum(times) if times and all(times) else None)
 
 
-def _replay_refusal(state: ModuleState) -> tuple[str, str] | None:
+def _replay_refusal(state: ModuleState, enabled: bool = True) -> tuple[str, str] | None:
     """(status, why) when the launch-overhead action is not tried or refused; None to try it."""
     chk = state["check"]
+    if not enabled:
+        return "not tried", ("off unless asked for (optimize --cuda-graph): the guard's launch and stream probes "
+                             "do not yet follow a graph replay, and it has not run on a GPU")
     if not state["gpu"]:
         return "not tried", "no GPU: a CUDA graph's gain is measured, not estimated"
     if chk["status"] != "passed" or chk.get("model_own_code") or chk.get("rewrites_reverted"):
@@ -453,7 +456,7 @@ def _replay_refusal(state: ModuleState) -> tuple[str, str] | None:
 def replay(state: ModuleState, runtime: Runtime[Context]) -> dict:
     """The launch-overhead macro action: ModelNew's whole forward replayed as one CUDA graph where
     the GPU measures it faster than the plain ModelNew and the guard passes it."""
-    refused = _replay_refusal(state)
+    refused = _replay_refusal(state, runtime.context.cuda_graph)
     if refused is not None:
         return {"replay": {"action": "cuda_graph", "status": refused[0], "why": refused[1]}}
     decision = steps.replay_choice(state["path"], state["captured"], _groups(state), _outcomes_by_id(state),

@@ -66,7 +66,7 @@ def cmd_optimize(args) -> int:
     if not known_target(args.target):
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout,
-                  time_module=not args.no_time, budget_s=args.time_budget)
+                  time_module=not args.no_time, budget_s=args.time_budget, cuda_graph=args.cuda_graph)
     log = sys.stderr if args.json else sys.stdout
     print(isolation.status().line(), file=sys.stderr)
     summary = optimize_module(args.model, ctx, args.out, args.report, on_event=printer(log))
@@ -93,6 +93,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     p.add_argument("--no-time", action="store_true",
                    help="skip the end-to-end timing of ModelNew against eager and torch.compile (for callers that time it)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="on a GPU, try ModelNew's whole forward replayed as one CUDA graph, kept where measured faster "
+                   "and passed by the guard (experimental: not yet run on a GPU)")
     p.add_argument("--redo", action="store_true", help="for a folder: optimize modules already recorded in OUTDIR again")
     add_cluster_args(p)
     p.set_defaults(func=cmd_optimize)
