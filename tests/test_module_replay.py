@@ -177,3 +177,25 @@ def test_why_a_cuda_graph_is_answered_from_the_modules_record():
                           "plain_ms": 1.0, "replay_ms": 0.4}}
     answer = fusion_answer(q, summary)
     assert "CUDA graph replay of the whole forward" in answer and "applied" in answer and "1.0000 ms" in answer
+
+
+def test_the_guards_launch_counter_counts_what_a_graph_replay_launches():
+    """The guard's own_kernels check counts Triton launches per call: a replayed graph makes none
+    from Python, so the launches recorded while the graph was captured count on every replay."""
+    from types import SimpleNamespace
+    from mtmc.tools.guard.probes import LaunchCounter
+    counter = LaunchCounter()
+    run = counter._wrap(lambda kernel, *a, **k: None)
+    kernel = SimpleNamespace(fn=SimpleNamespace(__name__="fused_kernel"))
+    graph = SimpleNamespace()
+    run(kernel)                         # a plain launch: counted
+    counter.begin_capture(graph)
+    run(kernel)
+    run(kernel)                         # recorded by the capture, which runs nothing
+    counter.end_capture(graph)
+    assert counter.names == {"fused_kernel": 1}
+    counter.replayed(graph)
+    counter.replayed(graph)
+    assert counter.names == {"fused_kernel": 5}
+    counter.replayed(SimpleNamespace())   # a graph captured before the counter: nothing known
+    assert counter.count == 5

@@ -429,8 +429,7 @@ def _replay_refusal(state: ModuleState, enabled: bool = True) -> tuple[str, str]
     """(status, why) when the launch-overhead action is not tried or refused; None to try it."""
     chk = state["check"]
     if not enabled:
-        return "not tried", ("off unless asked for (optimize --cuda-graph): the guard's launch and stream probes "
-                             "do not yet follow a graph replay, and it has not run on a GPU")
+        return "not tried", ("off unless asked for (optimize --cuda-graph): it has not yet run on a GPU")
     if not state["gpu"]:
         return "not tried", "no GPU: a CUDA graph's gain is measured, not estimated"
     if chk["status"] != "passed" or chk.get("model_own_code") or chk.get("rewrites_reverted"):

@@ -25,7 +25,10 @@ def _mtmc_capture(mod, fn, args):
     static_in = [a.clone() for a in args]
     entry = False
     try:
-        side = torch.cuda.Stream()
+        # the warm-up on the stream captures use (torch.cuda.graph's own): no stream made here
+        if torch.cuda.graph.default_capture_stream is None:
+            torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
+        side = torch.cuda.graph.default_capture_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
             for _ in range(2):   # compiles kernels, sets up the libraries' workspaces

@@ -61,6 +61,10 @@ class _Watch:
         (torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device)).sum().item()
         self.launches = probes.LaunchCounter()
         self.launches.install()
+        if device == "cuda" and torch.cuda.graph.default_capture_stream is None:
+            # the one stream every CUDA-graph capture uses, made before the watch starts: a
+            # ModelNew replaying its forward (module.graph_replay) creates none of its own
+            torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
         self.streams = probes.StreamWatch()
         self.streams.install()
         self.timing = probes.Snapshot(probes.TIMING_FUNCTIONS)

@@ -91,11 +91,15 @@ class Snapshot:
 
 class LaunchCounter:
     """Counts Triton launches by wrapping the run method of Triton's kernel classes (the
-    autotuner launches through it too).  `depth` > 0 while a launch runs."""
+    autotuner launches through it too).  `depth` > 0 while a launch runs.  A CUDA graph's replay
+    counts the Triton launches recorded while it was captured (a capture runs nothing; each replay
+    runs them all), so a ModelNew replaying its forward as a graph (module.graph_replay) is seen
+    doing its work in its kernels."""
 
     def __init__(self):
         self.names: Counter = Counter()
         self.depth = 0
+        self._capturing: list[Counter] = []   # launches recorded by the graph being captured
 
     @property
     def count(self) -> int:
@@ -111,6 +115,40 @@ class LaunchCounter:
             pass
         for cls in classes:
             cls.run = self._wrap(cls.run)
+        self._install_graphs()
+
+    def _install_graphs(self) -> None:
+        import torch
+        graph_cls = getattr(torch.cuda, "CUDAGraph", None)
+        if graph_cls is None or not torch.cuda.is_available():
+            return
+        counter = self
+        begin, end, replay = graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay
+
+        def capture_begin(graph, *args, **kwargs):
+            counter.begin_capture(graph)
+            return begin(graph, *args, **kwargs)
+
+        def capture_end(graph, *args, **kwargs):
+            try:
+                return end(graph, *args, **kwargs)
+            finally:
+                counter.end_capture(graph)
+
+        def replayed(graph, *args, **kwargs):
+            counter.replayed(graph)
+            return replay(graph, *args, **kwargs)
+        graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay = capture_begin, capture_end, replayed
+
+    def begin_capture(self, graph) -> None:
+        self._capturing.append(Counter())
+
+    def end_capture(self, graph) -> None:
+        if self._capturing:
+            graph._mtmc_launches = self._capturing.pop()
+
+    def replayed(self, graph) -> None:
+        self.names.update(getattr(graph, "_mtmc_launches", Counter()))
 
     def _wrap(self, original):
         counter = self
@@ -118,7 +156,8 @@ class LaunchCounter:
         def run(kernel, *args, **kwargs):
             if kwargs.get("warmup"):
                 return original(kernel, *args, **kwargs)
-            counter.names[getattr(getattr(kernel, "fn", None), "__name__", "?")] += 1
+            name = getattr(getattr(kernel, "fn", None), "__name__", "?")
+            (counter._capturing[-1] if counter._capturing else counter.names)[name] += 1
             counter.depth += 1
             try:
                 return original(kernel, *args, **kwargs)
