@@ -152,7 +152,7 @@ TIME_BUDGET_SHARE = 0.85
 
 
 def optimize_command(task: Task, new_path: Path, max_steps: int | None, target: str | None,
-                     timeout_s: float | None = None) -> list[str]:
+                     timeout_s: float | None = None, cuda_graph: bool = False) -> list[str]:
     # --no-time: the evaluation below times ModelNew and the baselines itself (12-17 s a task saved)
     cmd = [sys.executable, "-m", "mtmc.commands.cli", "optimize", str(task.path), "--out", str(new_path), "--json",
            "--no-time"]
@@ -162,6 +162,8 @@ def optimize_command(task: Task, new_path: Path, max_steps: int | None, target: 
         cmd += ["--max-steps", str(max_steps)]
     if target:
         cmd += ["--target", target]
+    if cuda_graph:
+        cmd.append("--cuda-graph")
     return cmd
 
 
@@ -373,6 +375,7 @@ class Options:
     trials: int = 3
     save_new: Path | None = None
     compile_modes: tuple[str, ...] = COMPILE_MODES
+    cuda_graph: bool = False
 
 
 def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
@@ -383,7 +386,7 @@ def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
               "max_steps": opts.max_steps, "eval": None, "baselines": None}
     with tempfile.TemporaryDirectory(prefix="mtmc-kernelbench-") as tmp:
         new_path = Path(tmp) / task.path.name
-        cmd = optimize_command(task, new_path, opts.max_steps, opts.target, opts.timeout)
+        cmd = optimize_command(task, new_path, opts.max_steps, opts.target, opts.timeout, opts.cuda_graph)
         scratch = Path(tmp) / "tmp"   # removed with tmp, whatever became of the run
         scratch.mkdir()
         record["optimize"] = run_optimize(cmd, Path(tmp) / "optimize.log", opts.timeout, scratch)
@@ -683,6 +686,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-timeout", type=float, default=600.0, help="wall seconds of one baseline (one mode)")
     p.add_argument("--max-steps", type=int, help="passed to mtmc optimize")
     p.add_argument("--target", help="passed to mtmc optimize")
+    p.add_argument("--cuda-graph", action="store_true", help="passed to mtmc optimize (the CUDA-graph replay action)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--trials", type=int, default=3, help="fresh input sets in the correctness check")
     p.add_argument("--budget", type=float, help="start no task after this many seconds (for time-limited calls)")
@@ -712,7 +716,8 @@ def main(argv=None) -> int:
     device = resolve_device(args.device)
     tasks = find_tasks(folder, args.levels, args.only, args.limit)
     opts = Options(device, args.timeout, args.eval_timeout, args.compile_timeout, args.max_steps, args.target,
-                   args.trials, Path(args.save_new) if args.save_new else None, tuple(args.compile_modes))
+                   args.trials, Path(args.save_new) if args.save_new else None, tuple(args.compile_modes),
+                   args.cuda_graph)
     meta = run_meta(folder=str(folder), device=device, **{k: v for k, v in dataclasses.asdict(opts).items()
                                                          if k != "device"})
     name = args.out or f"{folder.resolve().name}-{'cpu' if device == 'cpu' else gpu_slug(meta['gpu'])}"

@@ -242,3 +242,11 @@ def test_records_default_to_one_file_per_kind_of_gpu():
     from bench.kernelbench import gpu_slug
     assert gpu_slug("NVIDIA H100 80GB HBM3") == "h100" and gpu_slug("NVIDIA H200") == "h200"
     assert gpu_slug("NVIDIA A100-SXM4-80GB") == "a100" and gpu_slug("Tesla T4") == "tesla_t4"
+
+
+def test_the_optimize_command_is_the_users_with_the_budget_and_the_asked_actions(tmp_path):
+    task = kb.Task("level3/9_net.py", 3, tmp_path / "net.py")
+    cmd = kb.optimize_command(task, tmp_path / "new.py", 2, None, 200.0)
+    assert cmd[2:5] == ["mtmc.commands.cli", "optimize", str(tmp_path / "net.py")]
+    assert cmd[cmd.index("--time-budget") + 1] == "170" and "--no-time" in cmd and "--cuda-graph" not in cmd
+    assert "--cuda-graph" in kb.optimize_command(task, tmp_path / "new.py", 2, None, 200.0, cuda_graph=True)
