@@ -211,6 +211,9 @@ POSITION_CASES = [
      "y = self.conv(x).mean(dim=2, keepdim=True) + self.s.view(1, 4, 1, 1, 1)\nreturn torch.softmax(y, dim=1)"),
     ("nn.Conv3d(2, 3, (2, 3, 3), stride=(1, 2, 1), padding=(0, 1, 2))", "torch.rand(1, 2, 4, 7, 5)",
      "return self.conv(x).sum(dim=(2, 4))"),
+    # a strided, dilated transposed conv with output padding, one dim reduced and one kept
+    ("nn.ConvTranspose2d(3, 4, (3, 4), stride=(2, 3), padding=(1, 0), output_padding=(1, 2), dilation=(1, 2))",
+     "torch.rand(2, 3, 4, 5)", "return self.conv(x).mean(dim=3, keepdim=True) * self.s.view(4, 1, 1)"),
     ("nn.ConvTranspose1d(3, 4, 5, stride=3, padding=2, dilation=2)", "torch.rand(2, 3, 8)",
      "return -self.conv(x).mean(-1)"),
     ("nn.Conv1d(3, 4, 3, padding='same', dilation=2, bias=False)", "torch.rand(2, 3, 10)",
