@@ -6,8 +6,8 @@
 # them); nothing there can reach the network.  This installs the wheels the image lacks (once per
 # machine), turns isolation on with the carried bubblewrap, runs the dev set's tasks with the
 # options given, and copies the records, tables and the policy data harvested from the runs' drafts
-# to $OUT, also when the run is cut short, so the caller copies $OUT's files into the repo before
-# the next call.
+# (only the files this call wrote: the tool returns a limited number) to $OUT, also when the run
+# is cut short, so the caller copies $OUT's files into the repo before the next call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d /tmp/site/langgraph ]; then
@@ -16,10 +16,12 @@ fi
 mkdir -p /tmp/bin && cp .whl/bwrap /tmp/bin/ && chmod +x /tmp/bin/bwrap
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MTMC_BWRAP=/tmp/bin/bwrap
 OUT=${OUT:-/tmp/out}
+STARTED=$(mktemp)   # only what this call wrote goes back (the tool returns a limited number of files)
 copy_out() {
     mkdir -p "$OUT/policy"
-    cp bench/results/kernelbench-dev-h*.* bench/results/kernelbench-baselines.jsonl "$OUT/" 2>/dev/null
-    cp bench/data/policy/*harvest* "$OUT/policy/" 2>/dev/null
+    find bench/results -maxdepth 1 \( -name 'kernelbench-dev-h*.*' -o -name kernelbench-baselines.jsonl \) \
+        -newer "$STARTED" -exec cp {} "$OUT/" \;
+    find bench/data/policy -name '*harvest*' -newer "$STARTED" -exec cp {} "$OUT/policy/" \;
     df -h / | tail -1
 }
 trap copy_out EXIT
