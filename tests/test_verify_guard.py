@@ -594,3 +594,21 @@ def test_a_model_sized_by_its_batch_is_checked_on_the_whole_batch(monkeypatch):
         assert mode == "train" and R._RUN["max_elems"] is None
     finally:
         R._RUN.clear()
+
+
+def test_the_float64_copy_starts_each_call_from_models_statistics():
+    """On a GPU the reference times Model between checks, which moves a training-mode BatchNorm's
+    running statistics; the float64 copy, not timed, lagged behind, so its state after a later
+    check's first call was no truth for Model's.  Each call now starts it from Model's buffers."""
+    import copy
+    from mtmc.tools.guard.reference import _sync_buffers
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    model64 = copy.deepcopy(model).double()
+    with torch.no_grad():
+        for _ in range(3):   # the timing calls
+            model(torch.randn(8, 4))
+    before = {k: v.detach().clone() for k, v in model.named_buffers()}
+    _sync_buffers(model64, before)
+    for k, b in model64.named_buffers():
+        assert b.dtype == (torch.float64 if b.is_floating_point() else before[k].dtype)
+        torch.testing.assert_close(b, before[k].to(b.dtype))

@@ -289,6 +289,17 @@ def _loose(truth: list, eager: list, inputs: list) -> list[list[str]]:
              if numeric.compare(fake, r, e)["ok"]] for j, (r, e) in enumerate(zip(truth, eager))]
 
 
+def _sync_buffers(model64, values: dict) -> None:
+    """The float64 copy's buffers set to `values` (Model's, by name)."""
+    import torch
+    if model64 is None:
+        return
+    with torch.no_grad():
+        for k, b in model64.named_buffers():
+            if k in values and b.shape == values[k].shape:
+                b.copy_(values[k])
+
+
 def variant_job(job: dict) -> dict:
     """Fresh inputs for the opening's variants[index], Model's outputs on them, kept here; the
     inputs shared."""
@@ -298,6 +309,9 @@ def variant_job(job: dict) -> dict:
         torch.cuda.ipc_collect()     # memory the candidate has let go of
         torch.cuda.empty_cache()
     model, variant, notes = _RUN["model"], _RUN["variants"][job["index"]], []
+    # Model's buffers before this call: the float64 copy starts its call from them too (Model's
+    # timing calls move a training-mode BatchNorm's statistics; the copy's would lag behind)
+    before = {k: v.detach().clone() for k, v in model.named_buffers()}
     inputs, _ = _draw(variant)
     try:
         eager, ops = _eager(model, inputs)
@@ -316,6 +330,7 @@ def variant_job(job: dict) -> dict:
     # it again, as the candidate's timing does ModelNew): what ModelNew's first call must leave
     _RUN["state_after"] = ({k: v.detach().clone() for k, v in model.named_buffers()} if job["index"] == 0
                            else None)
+    _sync_buffers(_RUN["model64"], before)
     truth, how = _float64(model, _RUN["model64"], inputs, eager, _RUN["device"])
     # the float64 copy's state after the same first call, in one piece: the truth for Model's
     # running statistics, which eager's own TF32 convs round (ResNet18's deep BatchNorms)
