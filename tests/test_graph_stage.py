@@ -261,6 +261,8 @@ def test_positions_rewrite_cuts_the_work_and_is_chosen_at_real_size(tmp_path):
     ("nn.Conv2d(4, 8, 3, padding=1, padding_mode='reflect')", "return self.conv(x).mean(dim=(2, 3))", "padding_mode"),
     ("nn.Conv2d(4, 8, 3)", "return self.conv(x).mean(dim=(0, 2, 3))", "positions alone"),
     ("nn.Conv2d(4, 8, 3)", "return torch.relu(self.conv(x)).mean(dim=(2, 3))", "not linear"),
+    ("nn.Conv2d(4, 8, 3)", "return self.conv(x[0]).mean(dim=2)", "unbatched"),
+    ("nn.Conv2d(4, 8, 3)", "return self.conv(x[0]).sum(1)", "unbatched"),   # dim 1 is a position there
 ])
 def test_a_reduction_over_positions_is_refused_where_it_does_not_commute(tmp_path, conv, forward, why):
     path = _module(tmp_path, forward, init=f"self.conv = {conv}", inputs="torch.rand(1, 4, 6, 6)")

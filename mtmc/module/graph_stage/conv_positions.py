@@ -80,6 +80,8 @@ def positions_refusal(m: LinearMap, r: Reduction, xs: list[int]) -> str | None:
     """Why this reduction over a conv's positions is not moved before it (None: it may be)."""
     c = m.conv or {}
     nd = len(m.out_shape)
+    if len(m.weight_shape) != nd or len(xs) != nd:   # [C, *spatial] without a batch dim
+        return "an unbatched conv input (no batch dim)"
     if not r.dims or any(d < 2 for d in r.dims):
         return (f"the {r.op} runs over dims {r.dims}, positions and the batch or channels together: only "
                 "reductions over positions alone, or over the output channels alone, are moved before a conv")
@@ -94,8 +96,6 @@ def positions_refusal(m: LinearMap, r: Reduction, xs: list[int]) -> str | None:
     if big:
         return (f"dim {big[0]}'s tap-window matrix ({geo[big[0] - 2]['K']} taps x {geo[big[0] - 2]['H']} inputs) "
                 f"is past {MAX_WINDOW_ENTRIES} entries")
-    if len(xs) != nd:
-        return "an unbatched conv input"
     return None
 
 

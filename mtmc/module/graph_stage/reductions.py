@@ -211,6 +211,8 @@ class _Unsupported(Exception):
 
 def _conv_refusal(m: LinearMap) -> str | None:
     c = m.conv or {}
+    if len(m.weight_shape) != len(m.out_shape):   # [C, *spatial]: dim 1 is not the channels
+        return "an unbatched conv input (no batch dim)"
     if c.get("groups", 1) != 1:
         return f"a grouped conv (groups={c.get('groups')}): each output channel sees only its group's inputs"
     if c.get("padding_mode", "zeros") != "zeros":
