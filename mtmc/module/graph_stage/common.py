@@ -123,18 +123,22 @@ def _global_average(g: Graph, name: str) -> Reduction | None:
     args, kwargs = g.args(name)
     if n["op"] == "call_module":
         info = g.modules.get(n["target"], {})
-        if not POOL_MODULES.get(info.get("type", ""), "").startswith("adaptive_avg"):
-            return None
+        op = POOL_MODULES.get(info.get("type", ""), "")
         size = info.get("attrs", {}).get("output_size")
-    elif n["op"] == "call_function" and POOL_FUNCTIONS.get(n["target"], ("",))[0].startswith("adaptive_avg"):
+    elif n["op"] == "call_function":
+        op = POOL_FUNCTIONS.get(n["target"], ("",))[0]
         size = _arg(args, kwargs, 1, "output_size")
     else:
         return None
+    if not op.startswith("adaptive_avg"):
+        return None
     x = args[0] if args else None
     t = g.tensor(x) if isinstance(x, NodeRef) else None
-    if t is None or len(t[0]) < 3 or not all(v == 1 for v in (size if isinstance(size, (list, tuple)) else [size])):
+    r = int(op[-2])   # adaptive_avg_pool2d: the last 2 dims (an unbatched input has no batch dim)
+    if t is None or len(t[0]) < r + 1 or not all(v == 1 for v in (size if isinstance(size, (list, tuple)) else [size])):
         return None
-    return Reduction(name, "mean", x, list(range(2, len(t[0]))), True, False)
+    nd = len(t[0])
+    return Reduction(name, "mean", x, list(range(nd - r, nd)), True, False)
 
 
 def reduction(g: Graph, name: str) -> Reduction | None | str:
