@@ -123,7 +123,7 @@ def _choice(tmp_path, monkeypatch, plain_ms, replay_ms, check="passed", captured
     monkeypatch.setattr(module_steps, "check_in_child", lambda path, ref, t, **k: {"status": check, "reason": "r"})
     groups = [SimpleNamespace(id=0)]
     outcomes = {0: {"status": "kernel", "source": "", "config": {}, "correctness": {}}}
-    d = module_steps.replay_choice(str(upload), {}, groups, outcomes, out, 10, None)
+    d = module_steps.replay_choice(str(upload), {}, groups, outcomes, out, 10)
     assert not (tmp_path / "new_replay.py").exists()   # the candidate file never stays behind
     return d, out.read_text()
 

@@ -459,7 +459,7 @@ def replay(state: ModuleState, runtime: Runtime[Context]) -> dict:
     if refused is not None:
         return {"replay": {"action": "cuda_graph", "status": refused[0], "why": refused[1]}}
     decision = steps.replay_choice(state["path"], state["captured"], _groups(state), _outcomes_by_id(state),
-                                   Path(state["out_path"]), runtime.context.timeout_s, None,
+                                   Path(state["out_path"]), runtime.context.timeout_s,
                                    on_event=lambda ev: emit(E.from_dict(ev)))
     emit(E.Replayed(status=decision["status"], why=decision["why"], plain_ms=decision["plain_ms"],
                     replay_ms=decision["replay_ms"]))

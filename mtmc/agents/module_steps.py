@@ -277,6 +277,13 @@ def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes:
             ref.close()   # its session holds the reference's tensors (on the GPU, several GB)
 
 
+def _fall_back(outcomes: dict[int, dict], gids: list[int], reason: str, on_event) -> None:
+    """Groups `gids` stay PyTorch, for `reason`."""
+    for gid in gids:
+        outcomes[gid].update(status="fallback", reason=reason)
+        _emit(on_event, E.GroupFallback(group=gid, reason=reason))
+
+
 def _unproven(source: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path, check: dict,
               on_event, rewritten: bool) -> dict:
     """On a GPU, a module the guard could not check as a whole keeps Model's own code: its kernels
@@ -284,9 +291,7 @@ def _unproven(source: str, captured: dict, groups: list[Group], outcomes: dict[i
     the guard's cut batch, the check was skipped, and the composed kernels missed 1e-2)."""
     reason = f"the whole module could not be checked on the GPU ({check.get('reason', '')}): its kernels are not " \
              "shipped unproven"
-    for gid in _kernels(groups, outcomes):
-        outcomes[gid].update(status="fallback", reason=reason)
-        _emit(on_event, E.GroupFallback(group=gid, reason=reason))
+    _fall_back(outcomes, list(_kernels(groups, outcomes)), reason, on_event)
     write_text(out, assemble(source, captured, groups, {}))
     result = {"status": "skipped", "reason": reason + "; ModelNew runs Model's own code", "verdict": None,
               "model_own_code": True}
@@ -312,11 +317,6 @@ def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict
                                           phases=(check.get("verdict") or {}).get("phases") or []))
         return check
 
-    def fall_back(gids, reason: str) -> None:
-        for gid in gids:
-            outcomes[gid].update(status="fallback", reason=reason)
-            _emit(on_event, E.GroupFallback(group=gid, reason=reason))
-
     def late() -> bool:
         return deadline is not None and time.time() > deadline
 
@@ -328,14 +328,15 @@ def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict
             """Fall back the groups of `gids` that break the check (`known_bad`: their check,
             already known to fail)."""
             if late():
-                fall_back(gids, "the module check failed and the time budget ended before its cause was found")
+                _fall_back(outcomes, gids, "the module check failed and the time budget ended before its cause "
+                           "was found", on_event)
                 return
             one = known_bad or write_and_check(Path(tmp) / f"groups_{gids[0]}_{len(gids)}.py",
                                                _kernels(groups, outcomes, set(gids)), announce=False)
             if one["status"] != "failed":
                 return
             if len(gids) == 1:
-                fall_back(gids, f"breaks the module check: {one.get('reason', '')}")
+                _fall_back(outcomes, gids, f"breaks the module check: {one.get('reason', '')}", on_event)
                 return
             half = len(gids) // 2
             breaking(gids[:half], None)
@@ -345,7 +346,8 @@ def _check_until_it_passes(source: str, ref: ReferenceRun | dict, captured: dict
     check = write_and_check(out, _kernels(groups, outcomes))
     if check["status"] == "failed" and _kernels(groups, outcomes):
         # together they still break it: write the all-PyTorch ModelNew rather than a wrong one
-        fall_back(list(_kernels(groups, outcomes)), f"the module check failed with it: {check.get('reason', '')}")
+        _fall_back(outcomes, list(_kernels(groups, outcomes)),
+                   f"the module check failed with it: {check.get('reason', '')}", on_event)
         check = write_and_check(out, {})
     return check
 
@@ -358,14 +360,12 @@ REPLAY_MAX_BYTES = 1 << 30
 
 
 def replay_choice(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
-                  timeout_s: float, refusal: str | None, on_event=None) -> dict:
+                  timeout_s: float, on_event=None) -> dict:
     """Write ModelNew with its forward replayed as one CUDA graph, time it against the checked
     plain one on the GPU and, when it is faster, check it with the guard and keep it in place of
     the plain one.  The decision as a record: status applied / not applied / refused, why, the
     times."""
-    decision = {"action": "cuda_graph", "status": "refused", "why": refusal, "plain_ms": None, "replay_ms": None}
-    if refusal:
-        return decision
+    decision = {"action": "cuda_graph", "plain_ms": None, "replay_ms": None}
     graphed = out.with_name(out.stem + "_replay.py")
     try:
         write_text(graphed, assemble(Path(upload).read_text(), captured, groups, _kernels(groups, outcomes),

@@ -90,9 +90,14 @@ def replay_answer(question: str, summary: dict) -> list[str]:
     q = question.lower()
     if not rp or not any(w in q for w in ("graph", "replay", "launch")):
         return []
-    times = (f" The plain ModelNew took {_ms(rp['plain_ms'])}, replayed {_ms(rp['replay_ms'])}."
+    return [f"CUDA graph replay of the whole forward (the launch-overhead action): {replay_words(rp)}."]
+
+
+def replay_words(rp: dict) -> str:
+    """The replay decision in words: its status, both times where measured, why."""
+    times = (f" (plain {_ms(rp['plain_ms'])}, replayed {_ms(rp['replay_ms'])})"
              if rp.get("plain_ms") and rp.get("replay_ms") else "")
-    return [f"CUDA graph replay of the whole forward (the launch-overhead action): {rp['status']}: {rp['why']}.{times}"]
+    return f"{rp['status']}{times}: {rp['why']}"
 
 
 def _ms(v) -> str:
@@ -143,9 +148,7 @@ def markdown_report(s: dict) -> str:
                   "the catalog serves got its kernel. Per-group times below are roofline estimates.", ""]
     rp = s.get("replay")
     if rp:   # the launch-overhead action (module.graph_replay)
-        times = (f" (plain {_ms(rp['plain_ms'])}, replayed {_ms(rp['replay_ms'])})"
-                 if rp.get("plain_ms") and rp.get("replay_ms") else "")
-        lines += [f"**CUDA graph replay of the whole forward**: {rp['status']}{times}: {rp['why']}.", ""]
+        lines += [f"**CUDA graph replay of the whole forward**: {replay_words(rp)}.", ""]
     rw = s.get("rewrites") or {}
     if rw.get("applied") or rw.get("refused"):
         lines += ["## Graph-stage rewrites", ""]
