@@ -2,6 +2,7 @@
 # One benchmark call on the lent GPU machine, the same way every time:
 #   bash bench/device_run.sh [bench.kernelbench options ...]
 # e.g. bash bench/device_run.sh --only level2/47_ level2/51_ --timeout 150 --budget 400
+# KB=.kb/OTHER bash bench/device_run.sh ... runs another carried folder of tasks (default the dev set).
 # The device tool copies the working tree with `carry: [".whl", ".kb"]` (bench/device_prep.sh makes
 # them); nothing there can reach the network.  This installs the wheels the image lacks (once per
 # machine), turns isolation on with the carried bubblewrap, runs the dev set's tasks with the
@@ -19,7 +20,7 @@ OUT=${OUT:-/tmp/out}
 STARTED=$(mktemp)   # only what this call wrote goes back (the tool returns a limited number of files)
 copy_out() {
     mkdir -p "$OUT/policy"
-    find bench/results -maxdepth 1 \( -name 'kernelbench-dev-h*.*' -o -name kernelbench-baselines.jsonl \) \
+    find bench/results -maxdepth 1 \( -name 'kernelbench-*-h*.*' -o -name kernelbench-baselines.jsonl \) \
         -newer "$STARTED" -exec cp {} "$OUT/" \;
     find bench/data/policy -name '*harvest*' -newer "$STARTED" -exec cp {} "$OUT/policy/" \;
     df -h / | tail -1
@@ -27,5 +28,5 @@ copy_out() {
 trap copy_out EXIT
 trap "exit 143" TERM INT   # so a timeout still copies what finished
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-python3 -m bench.kernelbench .kb/kernelbench-dev --max-steps 2 --compile-modes default "$@" 2>&1 \
+python3 -m bench.kernelbench "${KB:-.kb/kernelbench-dev}" --max-steps 2 --compile-modes default "$@" 2>&1 \
     | grep -v '^\s*$' | grep -v '\.\.\.$' | tail -40
