@@ -43,6 +43,10 @@ CASES = [
     ("conv1d with kernel size 7 and same padding on 2x3x100, 5 output channels",
      "conv1d", {"N": 2, "C_in": 3, "C_out": 5, "L": 100, "OL": 100}, "float32",
      {"kernel": [7], "padding": pads(3)}),
+    # the channel count right after the conv word was read as its kernel ("found the kernel twice")
+    ("conv2d 3 input channels 64 output channels kernel 7 stride 2 padding 3 on 32x3x224x224 fp16",
+     "conv2d", {"N": 32, "C_in": 3, "C_out": 64, "H": 224, "W": 224, "OH": 112, "OW": 112}, "float16",
+     {"kernel": [7, 7], "stride": [2, 2], "padding": pads(3, 3)}),
 ]
 
 

@@ -37,8 +37,10 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
     "kernel": [rf"\bkernel(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})",
                rf"\b(?P<v>\d+(?:\s*[x*]\s*\d+)+)[\s-]+(?:kernel|filter|window)s?\b", rf"\b(?P<v>{_N})[\s-]+kernel\b",
                rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:{_KIND}[\s_-]+)*(?:conv|deconv))",
-               # right after the conv word: "conv2d 3x3 stride 2" (the conv word itself stays)
-               rf"(?:\bconv|\bdeconv)\w*\s+(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}}){{0,2}})(?![\w.]|\s*x)"],
+               # right after the conv word: "conv2d 3x3 stride 2" (the conv word itself stays), but not
+               # a channel count there: "conv2d 3 input channels 64 output channels kernel 7"
+               rf"(?:\bconv|\bdeconv)\w*\s+(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}}){{0,2}})(?![\w.]|\s*x)"
+               rf"(?!\s+(?:in(?:put)?|out(?:put)?|channels|filters|feature|groups|to)\b)"],
     # "conv2d 3x3 s2 p1": s / p / d shorthands (a conv's or pool's own words only)
     "stride": [rf"\bstrides?(?:\s+by)?{_EQ}(?P<v>{_SIZES})", rf"\bstrided\s+by\s+(?P<v>{_SIZES})",
                r"\bs(?P<v>\d+)\b"],
