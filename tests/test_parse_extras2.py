@@ -111,3 +111,18 @@ def test_axes_named_in_words(text, dims, inner):
 def test_sizes_said_in_other_words(text, op, dims):
     spec = parse_request(text).spec
     assert spec is not None and spec.op == op and spec.dims == dims
+
+
+def test_quick_gelu_formula_is_a_scaled_silu_with_the_same_values():
+    """x * sigmoid(1.702 * x) was refused ("uses the input twice"): it is silu(1.702 x) / 1.702."""
+    import torch
+
+    from mtmc.kernels import pointwise
+    chain = spec_of("x * torch.sigmoid(1.702 * x) on 4096x512 fp16").params["chain"]
+    assert [s["op"] for s in chain] == ["scale", "silu", "scale"]
+    x = torch.linspace(-8, 8, 1001, dtype=torch.float64)
+    y = x
+    for step in chain:
+        table = pointwise.SCALAR if step["op"] in pointwise.SCALAR else pointwise.UNARY
+        y = eval(table[step["op"]][1].format(x="y", v=step.get("value")), {"torch": torch, "y": y})
+    torch.testing.assert_close(y, x * torch.sigmoid(1.702 * x))

@@ -392,6 +392,12 @@ class _Walker:
             for a, b in ((left, right), (right, left)):
                 if b[0] == "call" and b[1] == "sigmoid" and b[2] == [a] and not b[3]:
                     return self.walk(a) + [("step", {"op": "silu"})]
+                # x * sigmoid(c * x) (the quick GELU has c = 1.702) = silu(c * x) / c
+                c = _scaled_by(b[2][0], a) if b[0] == "call" and b[1] == "sigmoid" and len(b[2]) == 1 \
+                    and not b[3] else None
+                if c:
+                    return self.walk(a) + [("step", {"op": "scale", "value": c}), ("step", {"op": "silu"}),
+                                           ("step", {"op": "scale", "value": 1.0 / c})]
         # a known activation written out (x * tanh(softplus(x)), 0.5 * x * (1 + erf(x / sqrt(2)))):
         # found by its values, as the vocabulary's one-input op (times a number) it equals
         steps = _written_out(node, self.main)
@@ -542,6 +548,16 @@ def _show(node) -> str:
 # -- activations written out, recognised by their values --------------------------------------
 
 _PROBE = (-8.0, 8.0, 801)   # where a written-out formula is compared with the vocabulary's ops
+
+
+def _scaled_by(node, x) -> float | None:
+    """c where node is c * x or x * c (c a non-zero number), else None."""
+    if node[0] != "bin" or node[1] != "*":
+        return None
+    for k, v in ((node[2], node[3]), (node[3], node[2])):
+        if k[0] == "num" and v == x and k[1] != 0:
+            return float(k[1])
+    return None
 
 
 def _uses_input_twice(node, main: str) -> bool:
