@@ -408,3 +408,30 @@ def test_multiply_by_the_input_gates_the_steps_before_it(text, gated, after):
 def test_multiply_by_the_input_elsewhere_is_refused(text, why):
     res = parse_request(text)   # the matmul case once read 'multiply' as a second matmul and dropped it
     assert not res.ok and why in res.message
+
+
+@pytest.mark.parametrize("text,shape", [
+    ("elementwise addition of two float16 vectors of length 1,000,000", [1000000]),   # was "what 000 means"
+    ("relu on a tensor of size 1,048,576", [1048576]),   # a 1-d "tensor of size N" was not read
+    ("sigmoid on an input of length 65536 in fp16", [65536]),
+])
+def test_one_dim_sizes_with_digit_groups_and_size_words(text, shape):
+    assert spec_of(text).params["shape"] == shape
+
+
+def test_attention_scores_name_the_tensor_not_an_attention_op():
+    # was refused: "ops of different kinds: 'attention' (attention), 'softmax' (softmax)"
+    spec = spec_of("softmax along the last axis of a [32, 16, 1024, 1024] bf16 attention score tensor")
+    assert (spec.op, spec.dims, spec.dtype) == ("softmax", {"M": 32 * 16 * 1024, "N": 1024}, "bfloat16")
+
+
+@pytest.mark.parametrize("text,words", [
+    # diag(a) @ B was read as "(a) @ b", a matrix-vector product: a wrong kernel
+    ("diag(a) @ B for a of shape (4096,) and B 4096x4096", "diagonal"),
+    ("B @ torch.diag(v) for B 4096x4096 and v of shape (4096,)", "diagonal"),
+    # x * v[:, None] was read as x * v with v of x's shape
+    ("x * v[:, None] for x 4096x4096", "indexing"),
+])
+def test_formulas_the_words_cannot_hold_are_refused_not_misread(text, words):
+    result = parse_request(text)
+    assert not result.ok and words in result.message.lower()

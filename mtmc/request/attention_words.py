@@ -50,6 +50,9 @@ _NOT_CAUSAL = (r"\b(?:non|not|un)[\s_-]*causal(?:ly)?(?:[\s_-]+mask(?:ed|ing)?)?
 
 def read_attention(ctx: _Ctx) -> None:
     """Take an attention request's own words (nothing when it names no attention)."""
+    # "softmax over an attention score tensor": the word names the tensor, not the op
+    for m in ctx.take(r"\battention(?=[\s_-]+(?:scores?|weights|logits|probs|probabilit\w+|maps?|matri\w+)\b)"):
+        ctx.note("tensor", m.group(0))
     if not _rx(_ATTENTION).search(ctx.s):
         return
     att: dict = {"mask": None}

@@ -42,7 +42,7 @@ _OTHER_FUNCS = {"leaky_relu", "relu6", "hardtanh", "clamp", "clip", "clamp_min",
                 "transpose", "pow"}
 # Known functions outside the vocabulary: a formula using them fails with a clear reason.
 _UNSUPPORTED_FUNCS = {"log1p", "log2", "sin", "cos", "tan", "floor", "ceil", "round", "div", "dropout", "conv2d",
-                      "conv1d", "cumsum", "var", "std"}
+                      "conv1d", "cumsum", "var", "std", "diag", "diagflat", "diag_embed"}
 _KNOWN_FUNCS = (set(_UNARY_FUNCS) | set(_VALUE_FUNCS) | set(_CORE_FUNCS) | set(_BOUND_FUNCS) | _OTHER_FUNCS
                 | _UNSUPPORTED_FUNCS)
 _CONSTANTS = {"pi": math.pi}   # names a formula may use as numbers (math.pi)
@@ -242,6 +242,9 @@ def _read_formulas(ctx: _Ctx) -> None:
         if node is None or not _is_formula(node):
             i += 1
             continue
+        if parser.i < len(toks) and toks[parser.i][1] == "[":
+            raise _Fail("indexing inside a formula (v[:, None], x[..., 0]) is not read in words: say the "
+                        "operand's shape instead ('a bias of 4096'), or upload the module")
         start, end = toks[i][2], toks[parser.i - 1][3]
         ctx.s = ctx.s[:start] + " " * (end - start) + ctx.s[end:]
         ctx.note("formula", ctx.norm[start:end])
@@ -319,6 +322,11 @@ class _Walker:
         self.fail(node, "this does not read the input tensor")
 
     def matmul(self, a, b) -> tuple:
+        for side in (a, b):
+            if side[0] == "call" and side[1] in ("diag", "diagflat", "diag_embed"):
+                self.fail(side, "a product with a diagonal matrix is a scaling of B's rows (diag(v) @ B) or "
+                                "columns (B @ diag(v)); it is not written in words: upload the module (its "
+                                "torch.diag(v) @ B runs as one elementwise kernel)")
         if a[0] == "T":
             self.fail(a, _TRANSPOSED_LEFT)
         if a[0] != "name":

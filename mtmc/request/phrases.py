@@ -203,6 +203,7 @@ _VECTORS = [rf"(?<=bias)\s+(?:vector\s+)?(?:of\s+)?(?:size\s+|length\s+|shape\s+
             rf"\b(?:vector|array)\s+of\s+(?:size\s+|length\s+)?({INT})(?:\s+elements)?",
             rf"(?<![\w.])({INT})[\s-]*(?:(?:element|long|dim(?:ensional)?)[\s-]+)?vector\b",
             rf"\b(?:length|size)[\s-]+({INT})[\s-]+vector\b",   # "a length 4096 vector"
+            rf"\b(?:tensor|input|buffer)\s+of\s+(?:size|length|numel)\s+({INT})\b",   # a 1-d "tensor of size N"
             rf"({INT})[\s-]+(?:(?:random|input|contiguous)[\s-]+)?(?:elements?|values|numbers|entries|floats)\b"
             r"(?:\s+(?:vector|array|tensor))?"]
 

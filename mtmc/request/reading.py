@@ -90,6 +90,8 @@ _COUNT_NOUN = r"(?:elements?|values|numbers|entries|floats|scalars|rows|columns|
 _COUNT_FILL = r"(?:(?:fp|float|bf|bfloat)[\s_-]?(?:16|32)|half|single|f16|f32|random|input|contiguous)"
 _COUNT = (r"(?<![\w.,\[(])(?P<n>\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+e\+?\d+|\d+\s*(?:\^|\*\*)\s*\d+)"
           rf"(?=[\s-]+(?:{_COUNT_FILL}[\s-]+){{0,2}}{_COUNT_NOUN}\b)")
+# "vectors of length 1,000,000": a grouped number after length / size is one size too
+_LENGTH_GROUPED = r"(?P<pre>\b(?:length|size|numel)\s+(?:of\s+|=\s*)?)(?P<n>\d{1,3}(?:,\d{3})+)(?![\w,.])"
 # "4 million elements": number words are never sizes of their own, so they are read anywhere.
 _MILLION = r"(?<![\w.])(?P<n>\d+(?:\.\d+)?)\s*(?P<w>thousand|million|billion)\b"
 _WORD_POWERS = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
@@ -136,6 +138,7 @@ class _Ctx:
         for a, b in _UNICODE.items():
             norm = norm.replace(a, b)
         norm = _rx(_COUNT).sub(_count_digits, norm)
+        norm = _rx(_LENGTH_GROUPED).sub(lambda m: m.group("pre") + _count_digits(m), norm)
         norm = _rx(_MILLION).sub(_number_word, norm)
         norm = rewrite_calls(norm)  # nn.Conv2d(3, 64, kernel_size=3) -> the words the op phases read
         self.norm = norm            # the whole request, lowercased
