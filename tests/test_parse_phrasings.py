@@ -435,3 +435,25 @@ def test_attention_scores_name_the_tensor_not_an_attention_op():
 def test_formulas_the_words_cannot_hold_are_refused_not_misread(text, words):
     result = parse_request(text)
     assert not result.ok and words in result.message.lower()
+
+
+@pytest.mark.parametrize("text,chain", [
+    ("1/sqrt(x) for x 4096x4096 half", [{"op": "rsqrt"}]),   # was "no tensor exponents"
+    ("2 / (1 + x) on 64x64", [{"op": "shift", "value": 1.0}, {"op": "reciprocal"}, {"op": "scale", "value": 2.0}]),
+    # the clamps said in words and again in parentheses ran twice
+    ("clamp between 0 and 6 (relu6) on 128x1024x14x14",
+     [{"op": "clamp_min", "value": 0.0}, {"op": "clamp_max", "value": 6.0}]),
+    ("scale by 2 then scale by 2 on 64x64", [{"op": "scale", "value": 2.0}] * 2),   # not idempotent: kept
+])
+def test_reciprocals_and_repeated_idempotent_steps(text, chain):
+    assert spec_of(text).params["chain"] == chain
+
+
+@pytest.mark.parametrize("text,channels", [
+    ("a 2x2 max pool with stride 2 on a batch of 64 RGB images 224x224", 3),   # was "not N x C x H x W"
+    ("conv 3x3 with 16 output channels on 8 grayscale images of 64x64", 1),
+])
+def test_image_kind_gives_the_channel_count(text, channels):
+    dims = spec_of(text).dims
+    assert (dims.get("C", dims.get("C_in")), dims["H"], dims["W"]) == (channels, *(
+        (224, 224) if "224" in text else (64, 64)))

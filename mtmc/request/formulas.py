@@ -357,6 +357,12 @@ class _Walker:
             return chain + [("step", step)]
         if op == "/" and in_left and value:
             return chain + [("step", {"op": "scale", "value": 1.0 / value})]
+        if op == "/" and not in_left and value:   # c / f(x): its reciprocal, scaled (1 / sqrt(x) is rsqrt)
+            if chain and chain[-1] == ("step", {"op": "sqrt"}):
+                chain = chain[:-1] + [("step", {"op": "rsqrt"})]
+            else:
+                chain = chain + [("step", {"op": "reciprocal"})]
+            return chain + ([("step", {"op": "scale", "value": value})] if value != 1 else [])
         if op == "/" and value is None:   # x / y, or y / x: a second tensor divides or is divided
             return chain + [("step", self.operand(other, "div" if in_left else "rdiv"))]
         if op in ("**", "^") and in_left and value is not None and not in_right:

@@ -107,6 +107,8 @@ def _parse(ctx: _Ctx) -> KernelSpec:
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
+        if spec.params.get(key):
+            spec.params[key] = _once(spec.params[key])
         pointwise.validate_chain(spec.params.get(key, []))
     spec.request = ctx.request
     return spec
@@ -122,6 +124,24 @@ _CATALOG_LINE = ("I can write: elementwise chains (relu, gelu, silu, sigmoid, ta
                  "scans (cumsum, cumprod); losses (mse, huber, kl_div, cross_entropy, triplet, cosine ...); "
                  "attention (scaled dot-product, causal or masked). "
                  "For example: 'softmax over the rows of a 4096x8192 fp16 tensor'.")
+
+
+# ops whose second application changes nothing: "clamp between 0 and 6 (relu6)" said it twice
+_IDEMPOTENT = {"relu", "clamp_min", "clamp_max", "abs", "sign"}
+
+
+def _once(chain: list[dict]) -> list[dict]:
+    """The chain without repeats of idempotent steps: a step right after the same step, or a clamp
+    pair right after the same pair ("clamp between 0 and 6 (relu6)" said the clamps twice)."""
+    out: list[dict] = []
+    for step in chain:
+        if step.get("op") in _IDEMPOTENT and out[-1:] == [step]:
+            continue
+        out.append(step)
+        pair = out[-4:]
+        if len(pair) == 4 and pair[:2] == pair[2:] and {s.get("op") for s in pair} == {"clamp_min", "clamp_max"}:
+            del out[-2:]
+    return out
 
 
 def _describe_understood(understood: dict) -> str:
