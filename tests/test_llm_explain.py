@@ -151,3 +151,13 @@ def test_cli_why_uses_the_llm_from_the_environment(chat_server, monkeypatch, cap
     assert cli.main(["memory", "why", rec.id, "why step 1?"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(chat_server.reply) and FACTS_HEAD in out and "BLOCK_M=128: p=0.41" in chat_server.prompt()
+
+
+def test_a_question_about_a_knob_gets_its_meaning_and_the_kept_value():
+    """'what does BLOCK_K mean' was read as a new request for a mean; the answer names the knob."""
+    from mtmc.ui.followup import interpret
+    assert interpret("what does BLOCK_K mean?", SPEC, None, True).kind == "why"
+    answer = explain("what does BLOCK_K mean?", STATE, Memory())
+    assert answer.startswith("What the knobs named do")
+    assert "- BLOCK_K: the slice of the reduction (K) dimension" in answer and "BLOCK_K=32" in answer
+    assert "- SPLIT_K: the K loop cut" in explain("and what is split-k?", STATE, Memory())

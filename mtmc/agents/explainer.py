@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from mtmc.agents.knob_words import glossary_lines, knobs_named
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.memory import MemoryUnavailable, Store
@@ -50,6 +51,13 @@ def _facts(question: str, state: dict, store: Store | None) -> tuple[str, str]:
     if not state.get("spec"):   # an op outside the catalog (agents.custom_op): its steps' records only
         return kind, join_lines(lines + _custom_facts(kind, target, state))
     spec = KernelSpec.from_dict(state["spec"])
+    # "what does ROWS_PER_PROG mean?" (a knob, no value or step named): its meaning first, then the facts
+    about_knob = not (_KNOB.search(question) or _STEP.search(question))
+    own = {*family_of(spec).config_space(spec), "num_warps", "num_stages"}
+    glossary = glossary_lines(spec.family, knobs_named(question), own, (state.get("best") or {}).get("config")) \
+        if about_knob else []
+    if glossary:
+        lines = ["What the knobs named do in this family's kernel:", *glossary, *lines]
     hw = _profile(state, target)
     if kind == "step":
         lines += _decision(target)

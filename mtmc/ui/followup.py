@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from mtmc.agents.knob_words import knobs_named
 from mtmc.kernels.catalog import describe, family_of
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.parse import parse_request
@@ -58,6 +59,8 @@ def interpret(text: str, last_spec: dict | None, alternative: dict | None = None
     if WHY.search(text):
         return why
     parsed = None   # the parser's reading, made once and only where it is needed
+    if (ran or last_spec) and _QUESTION.search(text) and knobs_named(text):
+        return why   # "what does ROWS_PER_PROG mean?" asks about a knob, not for a mean
     if (ran or last_spec) and _QUESTION.search(text) and not _CAPABILITIES.search(text):
         parsed = parse_request(text)
         if _about_the_run(parsed.understood):
