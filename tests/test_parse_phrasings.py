@@ -457,3 +457,20 @@ def test_image_kind_gives_the_channel_count(text, channels):
     dims = spec_of(text).dims
     assert (dims.get("C", dims.get("C_in")), dims["H"], dims["W"]) == (channels, *(
         (224, 224) if "224" in text else (64, 64)))
+
+
+@pytest.mark.parametrize("text,op,params", [
+    # "log-probabilities" named the tensor and became log steps
+    ("exp of log-probabilities 64x64", "chain", {"chain": [{"op": "exp"}]}),
+    ("sum of the log-probs over rows of 4096x1000", "sum", {}),
+    ("kl div of log-probs and probs, 4096x8192, reduction mean", "kl_div", {"reduction": "mean"}),
+])
+def test_log_nouns_are_no_log_step(text, op, params):
+    spec = spec_of(text)
+    assert (spec.op, spec.params) == (op, params)
+
+
+def test_negative_log_likelihood_is_refused_not_two_logs():
+    # was read as the chain log -> log: a wrong kernel
+    result = parse_request("negative log likelihood of log-probabilities 8192x1000 with integer targets")
+    assert not result.ok and "nll" in result.message.lower()

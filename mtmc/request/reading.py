@@ -92,6 +92,8 @@ _COUNT = (r"(?<![\w.,\[(])(?P<n>\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+e\+?\d+
           rf"(?=[\s-]+(?:{_COUNT_FILL}[\s-]+){{0,2}}{_COUNT_NOUN}\b)")
 # "vectors of length 1,000,000": a grouped number after length / size is one size too
 _LENGTH_GROUPED = r"(?P<pre>\b(?:length|size|numel)\s+(?:of\s+|=\s*)?)(?P<n>\d{1,3}(?:,\d{3})+)(?![\w,.])"
+# "the log-probabilities", "log-scale values" name what a tensor holds: no log step
+_LOG_NOUN = r"\blog[\s_-]+(probs?|probabilit\w*|likelihoods?|space|scale|domain|densit\w*|odds|values)\b"
 # "64 RGB images 224x224": the kind of image says its channel count
 _IMAGE_KIND = r"\b(?P<k>rgba|rgb|colou?r|gr[ae]y(?:scale)?|mono(?:chrome)?)[\s-]+images?\b"
 _IMAGE_CHANNELS = {"rgba": 4, "rgb": 3, "colo": 3, "gray": 1, "grey": 1, "mono": 1}
@@ -143,6 +145,7 @@ class _Ctx:
         norm = _rx(_COUNT).sub(_count_digits, norm)
         norm = _rx(_LENGTH_GROUPED).sub(lambda m: m.group("pre") + _count_digits(m), norm)
         norm = _rx(_MILLION).sub(_number_word, norm)
+        norm = _rx(_LOG_NOUN).sub(lambda m: "log" + m.group(1), norm)   # "log-probs": a noun, no log op
         norm = _rx(_IMAGE_KIND).sub(lambda m: f"images with {_IMAGE_CHANNELS[m.group('k')[:4]]} channels", norm)
         norm = rewrite_calls(norm)  # nn.Conv2d(3, 64, kernel_size=3) -> the words the op phases read
         self.norm = norm            # the whole request, lowercased

@@ -28,6 +28,8 @@ _UNSUPPORTED_FIRST = [
     (r"\blog[\s_-]*cum[\s_-]*sum[\s_-]*exp\b|\bcum(?:ulative)?[\s_-]*(?:max|min)\w*",
      "scans other than cumsum / cumprod"),
     (r"\bbinary[\s_-]*cross[\s_-]*entropy\w*|\bbce\w*", "binary cross entropy"),
+    # "negative log likelihood of log-probabilities" became two logs (a wrong kernel)
+    (r"\b(?:negative[\s_-]+)?log[\s_-]*likelihood\w*|\bnll\w*", "negative log likelihood (NLL) loss"),
 ]
 _UNSUPPORTED = [  # (pattern, what it is): the words left once the op phases took theirs
     (r"\bconv\w*|\bconvolution\w*", "convolution"),
