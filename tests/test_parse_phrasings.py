@@ -474,3 +474,17 @@ def test_negative_log_likelihood_is_refused_not_two_logs():
     # was read as the chain log -> log: a wrong kernel
     result = parse_request("negative log likelihood of log-probabilities 8192x1000 with integer targets")
     assert not result.ok and "nll" in result.message.lower()
+
+
+@pytest.mark.parametrize("text,chain", [
+    # was square -> add -> square, (x^2 + y)^2: the second "squared" is y's
+    ("x squared plus y squared for two 2048x2048 tensors", [{"op": "square"}, {"op": "add", "pre": [{"op": "square"}]}]),
+    ("x plus y, squared, on two 64x64 tensors", [{"op": "add"}, {"op": "square"}]),
+])
+def test_a_step_said_after_the_second_operand_is_its_own(text, chain):
+    assert spec_of(text).params["chain"] == chain
+
+
+def test_moving_averages_are_refused_not_a_mean_of_exp():
+    result = parse_request("exponential moving average over 4096x4096")   # was mean(exp(x))
+    assert not result.ok and "moving average" in result.message.lower()

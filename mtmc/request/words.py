@@ -28,6 +28,9 @@ _UNSUPPORTED_FIRST = [
     (r"\blog[\s_-]*cum[\s_-]*sum[\s_-]*exp\b|\bcum(?:ulative)?[\s_-]*(?:max|min)\w*",
      "scans other than cumsum / cumprod"),
     (r"\bbinary[\s_-]*cross[\s_-]*entropy\w*|\bbce\w*", "binary cross entropy"),
+    # "exponential moving average" became a mean of exp(x): a recurrence, no scan of ours computes it
+    (r"\b(?:exponential(?:ly)?[\s_-]+(?:weighted[\s_-]+)?)?moving[\s_-]+averag\w*|\bema\b",
+     "moving averages (a recurrence along the sequence)"),
     # "negative log likelihood of log-probabilities" became two logs (a wrong kernel)
     (r"\b(?:negative[\s_-]+)?log[\s_-]*likelihood\w*|\bnll\w*", "negative log likelihood (NLL) loss"),
 ]
@@ -173,7 +176,11 @@ def _read_words(ctx: _Ctx) -> None:
     _read_matrix_product(ctx)
     for op, verbs in _BINARY_VERBS.items():
         for m in ctx.take(_binary_pattern(verbs)):
-            ctx.add_steps(m, [{"op": op}])
+            # "x squared plus y squared": the second "squared" is y's own step, not one after the sum
+            post = _rx(r"\s*squared\b").match(ctx.s, m.end()) if m.group(0).rstrip().endswith("y") else None
+            if post:
+                ctx.use(post.start(), post.end())
+            ctx.add_steps(m, [{"op": op, **({"pre": [{"op": "square"}]} if post else {})}])
     for m in ctx.take(r"\bscaled\s+(?=(?:log[\s_-]*)?soft[\s_-]?max)"):
         ctx.flags.add("scaled_softmax")
     for m in ctx.take(_ADD_NORM):
