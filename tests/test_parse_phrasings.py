@@ -488,3 +488,19 @@ def test_a_step_said_after_the_second_operand_is_its_own(text, chain):
 def test_moving_averages_are_refused_not_a_mean_of_exp():
     result = parse_request("exponential moving average over 4096x4096")   # was mean(exp(x))
     assert not result.ok and "moving average" in result.message.lower()
+
+
+@pytest.mark.parametrize("text,dims,inner", [
+    # "the sequence dimension" was ignored: the max ran over the features (the last dim)
+    ("max over the sequence dimension of 32x512x768", {"M": 32 * 768, "N": 512}, 768),
+    ("sum over the token axis of 512x768", {"M": 768, "N": 512}, 768),
+    ("mean over the feature dim of 32x512x768", {"M": 32 * 512, "N": 768}, None),
+])
+def test_named_dims_of_a_sequence_tensor(text, dims, inner):
+    spec = spec_of(text)
+    assert (spec.dims, spec.params.get("inner")) == (dims, inner)
+
+
+def test_a_dim_named_by_an_unknown_word_is_refused_not_taken_as_the_last():
+    result = parse_request("softmax over the head dim of 8x16x128x128")
+    assert not result.ok and "head dim" in result.message

@@ -325,6 +325,9 @@ _AXIS_WORDS = [
     (_OVER + r"(?:spatial|space)\s+(?:dim\w*|axes|positions|locations)\b", "spatial"),
     (_OVER + r"(?:height|h)\s*(?:and|,|x)\s*(?:width|w)(?:\s+(?:dim\w*|axes))?\b", "spatial"),
     (_OVER + r"batch\s+(?:dim\w*|axis)\b", 0),
+    # [batch, sequence, features]: "over the sequence dim" was ignored (the op ran over the last dim)
+    (_OVER + r"(?:sequence|seq|time|tokens?|length)\s+(?:dim\w*|axis)\b", "sequence"),
+    (_OVER + r"(?:feature|features|hidden|embedding|model|last)\s+(?:dim\w*|axis)\b", "last"),
     (_OVER + r"(?P<end>last|final|first)\s+(?P<k>two|three|four|[2-9])\s+(?:dim\w*|axes)\b", None),
 ]
 _COUNTS = {"two": 2, "three": 3, "four": 4}
@@ -353,11 +356,13 @@ def _read_axis(ctx: _Ctx) -> None:
         ctx.reduce_dim = _ORDINALS[m.group("o")]
     for m in ctx.take(_AXIS_NUMBER):
         ctx.reduce_dim = int(m.group("d"))
+    for m in ctx.take(_OVER + r"(?P<w>[a-z]+)\s+(?:dim\w*|axis)\b"):   # a dim named by a word we do not know
+        raise _Fail(f"I do not know which dim '{m.group('w')} dim' is; name it by number (e.g. 'over dim 1').")
     if ctx.reduce_dim is not None:
         ctx.understood["axis"] = ctx.reduce_dim
 
 
-SYMBOLIC_AXES = ("middle", "spatial", "columns")   # and "last K" / "first K": resolved by symbolic_axis
+SYMBOLIC_AXES = ("middle", "spatial", "columns", "sequence")   # and "last K" / "first K": resolved by symbolic_axis
 
 
 def is_symbolic(d) -> bool:
@@ -375,6 +380,11 @@ def symbolic_axis(ctx: _Ctx, ndim: int):
         if ndim != 3:
             raise _Fail(f"'the middle dim' of a {ndim}-d tensor is ambiguous; name it by number (e.g. 'over dim 1').")
         return 1
+    if d == "sequence":   # [batch, sequence, features], or [sequence, features]
+        if ndim not in (2, 3):
+            raise _Fail(f"'the sequence dim' of a {ndim}-d tensor is ambiguous; name it by number (e.g. 'over dim 1').")
+        ctx.assume(f"the sequence dim read as dim {ndim - 2} of [{'batch, ' if ndim == 3 else ''}sequence, features]")
+        return ndim - 2
     if d == "columns":
         if ndim != 2:
             raise _Fail(f"'the columns' of a {ndim}-d tensor is ambiguous; name the dim by number (e.g. 'over dim 0').")
