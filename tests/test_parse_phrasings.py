@@ -504,3 +504,20 @@ def test_named_dims_of_a_sequence_tensor(text, dims, inner):
 def test_a_dim_named_by_an_unknown_word_is_refused_not_taken_as_the_last():
     result = parse_request("softmax over the head dim of 8x16x128x128")
     assert not result.ok and "head dim" in result.message
+
+
+@pytest.mark.parametrize("text,op,dims,layout", [
+    # einsum in words was refused outright; its matrix-product forms are a matmul / bmm
+    ("einsum bij,bjk->bik for 8x256x128 and 8x128x64", "bmm", {"B": 8, "M": 256, "N": 64, "K": 128}, None),
+    ("einsum('ij,jk->ik') on a 256x128 and a 128x64 matrix", "matmul", {"M": 256, "N": 64, "K": 128}, None),
+    ('einsum "mk,nk->mn" with 1024x512 and 2048x512 fp16', "matmul", {"M": 1024, "N": 2048, "K": 512}, "nk"),
+])
+def test_einsum_matrix_products_in_words(text, op, dims, layout):
+    spec = spec_of(text)
+    assert (spec.op, spec.dims, spec.params.get("b_layout")) == (op, dims, layout)
+
+
+@pytest.mark.parametrize("text", ["einsum ij,ij->i for two 64x64 tensors", "einsum ji,jk->ik on 128x64 and 128x32"])
+def test_other_einsums_are_refused_with_the_forms_served(text):
+    result = parse_request(text)
+    assert not result.ok and "not a matrix product" in result.message

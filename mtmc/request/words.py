@@ -163,7 +163,46 @@ _BY_INPUT = (r"\bmultipl\w*\s+(?:it\s+|the\s+result\s+)?by\s+(?:the\s+)?(?:origi
              r"(?!\s*(?:and|with|by|to|from)\s+y\b)|\btimes\s+(?:the\s+)?(?:original\s+|same\s+)?input\b")
 
 
+# einsum's matrix-product forms -> (op, B read as [N, K]); other equations are refused with the reason
+_EINSUM = r"\beinsum\s*\(?\s*['\"]?(?P<eq>[a-z]+\s*,\s*[a-z]+\s*->\s*[a-z]+)['\"]?"
+_EINSUM_FORMS = {("ij", "jk", "ik"): ("matmul", False), ("ij", "kj", "ik"): ("matmul", True),
+                 ("bij", "bjk", "bik"): ("bmm", False), ("bij", "bkj", "bik"): ("bmm", True)}
+
+
+def _read_einsum(ctx: _Ctx) -> None:
+    """"einsum bij,bjk->bik": a matmul or bmm when the equation is one (any letters), else refused."""
+    for m in ctx.take(_EINSUM):
+        a, rest = re.sub(r"\s", "", m.group("eq")).split(",")
+        b, out = rest.split("->")
+        roles = _einsum_roles(a, b, out)
+        rename = dict(zip(*roles)) if roles else None   # any letters: "mk,nk->mn" is "ij,kj->ik"
+        form = _EINSUM_FORMS.get(tuple("".join(rename[c] for c in t) for t in (a, b, out))) if rename else None
+        if form is None:
+            raise _Fail(f"einsum '{m.group('eq')}' is not a matrix product (ij,jk->ik or bij,bjk->bik, either "
+                        "operand as written or transposed); upload the module: its einsums are captured there.")
+        op, nk = form
+        if nk:
+            ctx.flags.add("nk")
+        ctx.add_core(m, "matmul", op)
+
+
+def _einsum_roles(a: str, b: str, out: str):
+    """(letters, roles b/i/j/k) of a two-operand einsum: the batch letter in all three, i in a and
+    out only, k in b and out only, j (contracted) in a and b only; None when letters fit no role."""
+    letters = sorted(set(a + b + out))
+    roles = []
+    for c in letters:
+        where = (c in a, c in b, c in out)
+        role = {(True, True, True): "b", (True, False, True): "i", (False, True, True): "k",
+                (True, True, False): "j"}.get(where)
+        if role is None or any(t.count(c) > 1 for t in (a, b, out)):
+            return None
+        roles.append(role)
+    return (letters, roles) if sorted(roles) in (["i", "j", "k"], ["b", "i", "j", "k"]) else None
+
+
 def _read_words(ctx: _Ctx) -> None:
+    _read_einsum(ctx)
     for m in ctx.take(_LAYOUT_NK):
         ctx.flags.add("nk")
         ctx.note("ops", f"{m.group(0).strip()!r} -> weight stored [N, K]")
