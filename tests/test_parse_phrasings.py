@@ -521,3 +521,14 @@ def test_einsum_matrix_products_in_words(text, op, dims, layout):
 def test_other_einsums_are_refused_with_the_forms_served(text):
     result = parse_request(text)
     assert not result.ok and "not a matrix product" in result.message
+
+
+@pytest.mark.parametrize("text,key,value", [
+    # "ceil_mode=False" was read as ceil mode on; "count_include_pad False" was ignored (True)
+    ("max pool kernel 2 stride 2 ceil_mode=False on 8x64x28x28", "ceil_mode", False),
+    ("max pool kernel 2 stride 2 ceil_mode=True on 8x64x27x27", "ceil_mode", True),
+    ("avg pool kernel 3 stride 1 padding 1 count_include_pad False on 8x64x28x28", "count_include_pad", False),
+    ("max pool 2x2 return_indices=True on 8x64x28x28", "indices", True),
+])
+def test_pool_keywords_with_their_values(text, key, value):
+    assert spec_of(text).params[key] is value

@@ -39,6 +39,9 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
     "dilation": _CONV_WORDS["dilation"],
     "divisor": [rf"\bdivisor(?:[\s_-]*override)?{_EQ}(?P<v>{_N})", rf"\bdivided\s+by\s+(?P<v>{_N})"],
 }
+# PyTorch's keyword names with an explicit value, read before the bare words below
+_NAMED_FLAGS = {"ceil_mode": r"ceil[\s_-]*mode", "count_include_pad": r"count[\s_-]*include[\s_-]*pad",
+                "indices": r"return[\s_-]*indices"}
 _FLAGS = {  # key: (pattern, value)
     "ceil_mode": (r"\bceil(?:ing)?[\s_-]*mode(?:\s*=\s*true)?\b|\bround(?:ing)?\s+up\b", True),
     "count_include_pad": (r"\b(?:not\s+count(?:ing)?|exclud(?:e|ing))\s+(?:the\s+)?padd(?:ing|ed)(?:\s+values)?\b"
@@ -55,6 +58,10 @@ def read_pool(ctx: _Ctx) -> None:
     pool: dict = {}
     ctx.pool = pool
     read_length(ctx)
+    for key, name in _NAMED_FLAGS.items():   # "ceil_mode=False" was read as ceil mode on
+        for m in ctx.take(rf"\b{name}\s*(?:=|:|is|to)?\s*(?P<b>true|false|on|off|yes|no)\b"):
+            pool[key] = m.group("b") in ("true", "on", "yes")
+            ctx.note("pool", m.group(0).strip())
     for key, (pattern, value) in _FLAGS.items():
         for m in ctx.take(pattern):
             pool[key] = value
