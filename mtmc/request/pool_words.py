@@ -34,7 +34,7 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
                rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:adaptive|global)?[\s_-]*(?:max|average|avg|mean)"
                r"[\s_-]*pool)",
                # right after the pool word: "max pool 3x3 stride 2" (the pool word itself stays)
-               r"pool(?:ing)?(?:[\s_-]*[123][\s_-]?d)?\s+(?P<v>\d{1,2}(?:\s*x\s*\d{1,2}){0,2})(?![\w.]|\s*x)"],
+               r"pool(?:ing)?(?:[\s_-]*[123][\s_-]?d)?\s+(?P<v>\d{1,2}(?:\s*(?:x|by)\s*\d{1,2}){0,2})(?![\w.]|\s*x)"],
     "stride": _CONV_WORDS["stride"],
     "dilation": _CONV_WORDS["dilation"],
     "divisor": [rf"\bdivisor(?:[\s_-]*override)?{_EQ}(?P<v>{_N})", rf"\bdivided\s+by\s+(?P<v>{_N})"],
