@@ -152,7 +152,7 @@ TIME_BUDGET_SHARE = 0.85
 
 
 def optimize_command(task: Task, new_path: Path, max_steps: int | None, target: str | None,
-                     timeout_s: float | None = None, cuda_graph: bool = False) -> list[str]:
+                     timeout_s: float | None = None, cuda_graph: bool = False, allow_tf32: bool = False) -> list[str]:
     # --no-time: the evaluation below times ModelNew and the baselines itself (12-17 s a task saved)
     cmd = [sys.executable, "-m", "mtmc.commands.cli", "optimize", str(task.path), "--out", str(new_path), "--json",
            "--no-time"]
@@ -164,6 +164,8 @@ def optimize_command(task: Task, new_path: Path, max_steps: int | None, target: 
         cmd += ["--target", target]
     if cuda_graph:
         cmd.append("--cuda-graph")
+    if allow_tf32:
+        cmd.append("--allow-tf32")
     return cmd
 
 
@@ -376,6 +378,7 @@ class Options:
     save_new: Path | None = None
     compile_modes: tuple[str, ...] = COMPILE_MODES
     cuda_graph: bool = False
+    allow_tf32: bool = False
 
 
 def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
@@ -386,7 +389,8 @@ def run_task(task: Task, opts: Options, cache: BaselineCache | None) -> dict:
               "max_steps": opts.max_steps, "eval": None, "baselines": None}
     with tempfile.TemporaryDirectory(prefix="mtmc-kernelbench-") as tmp:
         new_path = Path(tmp) / task.path.name
-        cmd = optimize_command(task, new_path, opts.max_steps, opts.target, opts.timeout, opts.cuda_graph)
+        cmd = optimize_command(task, new_path, opts.max_steps, opts.target, opts.timeout, opts.cuda_graph,
+                               opts.allow_tf32)
         scratch = Path(tmp) / "tmp"   # removed with tmp, whatever became of the run
         scratch.mkdir()
         record["optimize"] = run_optimize(cmd, Path(tmp) / "optimize.log", opts.timeout, scratch)
@@ -687,6 +691,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, help="passed to mtmc optimize")
     p.add_argument("--target", help="passed to mtmc optimize")
     p.add_argument("--cuda-graph", action="store_true", help="passed to mtmc optimize (the CUDA-graph replay action)")
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="passed to mtmc optimize (TF32 products in fp32 conv / matmul groups); records named ...-tf32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--trials", type=int, default=3, help="fresh input sets in the correctness check")
     p.add_argument("--budget", type=float, help="start no task after this many seconds (for time-limited calls)")
@@ -717,10 +723,11 @@ def main(argv=None) -> int:
     tasks = find_tasks(folder, args.levels, args.only, args.limit)
     opts = Options(device, args.timeout, args.eval_timeout, args.compile_timeout, args.max_steps, args.target,
                    args.trials, Path(args.save_new) if args.save_new else None, tuple(args.compile_modes),
-                   args.cuda_graph)
+                   args.cuda_graph, args.allow_tf32)
     meta = run_meta(folder=str(folder), device=device, **{k: v for k, v in dataclasses.asdict(opts).items()
                                                          if k != "device"})
-    name = args.out or f"{folder.resolve().name}-{'cpu' if device == 'cpu' else gpu_slug(meta['gpu'])}"
+    name = args.out or (f"{folder.resolve().name}-{'cpu' if device == 'cpu' else gpu_slug(meta['gpu'])}"
+                        + ("-tf32" if args.allow_tf32 else ""))   # never mixed with the default's records
     results = Results(args.results_dir, name, "kernelbench", f"KernelBench: {folder.resolve().name}", table, meta)
     cache = BaselineCache(results.dir / "kernelbench-baselines.jsonl", meta) if device == "cuda" else None
     for sig in (signal.SIGTERM, signal.SIGHUP):

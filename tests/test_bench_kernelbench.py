@@ -250,3 +250,5 @@ def test_the_optimize_command_is_the_users_with_the_budget_and_the_asked_actions
     assert cmd[2:5] == ["mtmc.commands.cli", "optimize", str(tmp_path / "net.py")]
     assert cmd[cmd.index("--time-budget") + 1] == "170" and "--no-time" in cmd and "--cuda-graph" not in cmd
     assert "--cuda-graph" in kb.optimize_command(task, tmp_path / "new.py", 2, None, 200.0, cuda_graph=True)
+    assert "--allow-tf32" not in cmd
+    assert "--allow-tf32" in kb.optimize_command(task, tmp_path / "new.py", 2, None, 200.0, allow_tf32=True)

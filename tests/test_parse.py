@@ -172,10 +172,13 @@ def test_element_counts_written_as_numbers(count):
     assert result.spec.params["shape"] == [1000000]
 
 
-def test_tf32_is_served_as_ieee_float32_and_said_so():
+def test_tf32_said_allows_tf32_products_in_matmuls_and_convs_only_and_says_so():
     result = parse_request("matmul 64x64 by 64x64 in tf32")
-    assert result.spec.dtype == "float32"
-    assert any("tf32" in a for a in result.assumptions)
+    assert (result.spec.dtype, result.spec.params.get("allow_tf32")) == ("float32", True)
+    assert any("TF32 products allowed" in a for a in result.assumptions)
+    assert "allow_tf32" not in parse_request("matmul 64x64 by 64x64 in fp32").spec.params
+    relu = parse_request("relu on 64x64 tf32")
+    assert "allow_tf32" not in relu.spec.params and any("IEEE fp32" in a for a in relu.assumptions)
 
 
 def test_two_tensors_with_a_binary_op_still_parse():

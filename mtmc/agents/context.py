@@ -19,6 +19,7 @@ class Context:
     planner: str = "policy"       # "policy" (the learned one) or "baseline"; MTMC_PLANNER overrides it
     time_module: bool = True      # time ModelNew end to end after its check (the benchmark times it itself)
     cuda_graph: bool = False      # try the CUDA-graph replay action (module.graph_replay; optimize --cuda-graph)
+    allow_tf32: bool = False      # fp32 conv / matmul groups may use TF32 products (optimize --allow-tf32)
     budget_s: float | None = None  # wall seconds for a whole module (optimize --time-budget; module_flow)
     deadline: float | None = None  # time.time() after which the planner makes no more moves (from budget_s)
 

@@ -223,7 +223,8 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
         return {"outcomes": {str(g.id): _custom_outcome(g, spec, task["gpu"], runtime.context)}}
     # torch.compile is compared once for the whole module (module_time), not per group
     ctx = dataclasses.replace(runtime.context, out_path=None, compile_baseline=False, deadline=stop_at)
-    inputs = {"request": spec.request, "spec": g.spec, "initial_config": None, **FRESH_RUN}
+    inputs = {"request": spec.request, "spec": tf32_allowed(g.spec, runtime.context.allow_tf32), "initial_config": None,
+              **FRESH_RUN}
     final: dict = {}
     for mode, chunk in kernel_graph().stream(inputs, config={"recursion_limit": recursion_limit(ctx)}, context=ctx,
                                              stream_mode=["custom", "values"]):
@@ -234,6 +235,17 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     outcome = steps.outcome_from_state(final, task["gpu"])
     emit(E.GroupDone(group=g.id, status=outcome["status"], reason=outcome["reason"]))
     return {"outcomes": {str(g.id): outcome}}
+
+
+TF32_FAMILIES = ("conv", "matmul")   # the families whose fp32 products may be TF32 (optimize --allow-tf32)
+
+
+def tf32_allowed(spec: dict, allowed: bool) -> dict:
+    """The group's spec with allow_tf32 set where the user allowed TF32 and the group is an fp32
+    conv or matmul (their kernels then default to one TF32 product per product)."""
+    if not allowed or spec.get("family") not in TF32_FAMILIES or spec.get("dtype") != "float32":
+        return spec
+    return {**spec, "params": {**(spec.get("params") or {}), "allow_tf32": True}}
 
 
 def regroup(state: ModuleState, runtime: Runtime[Context] | None = None) -> dict:
@@ -402,7 +414,8 @@ def check(state: ModuleState, runtime: Runtime[Context]) -> dict:
     result = steps.assemble_checked(state["path"], state["captured"], _groups(state), outcomes,
                                    Path(state["out_path"]), state["gpu"], runtime.context.timeout_s,
                                    on_event=lambda ev: emit(E.from_dict(ev)), original=original,
-                                   deadline=_moves_end(state.get("deadline"), runtime.context.budget_s))
+                                   deadline=_moves_end(state.get("deadline"), runtime.context.budget_s),
+                                   tf32=runtime.context.allow_tf32)
     out = {"check": result, "outcomes": {str(k): v for k, v in outcomes.items()}}
     if result.get("rewrites_reverted"):   # ModelNew was written from the graph as captured
         rewrites = dict(state.get("rewrites") or {})
@@ -460,7 +473,7 @@ def replay(state: ModuleState, runtime: Runtime[Context]) -> dict:
         return {"replay": {"action": "cuda_graph", "status": refused[0], "why": refused[1]}}
     decision = steps.replay_choice(state["path"], state["captured"], _groups(state), _outcomes_by_id(state),
                                    Path(state["out_path"]), runtime.context.timeout_s,
-                                   on_event=lambda ev: emit(E.from_dict(ev)))
+                                   on_event=lambda ev: emit(E.from_dict(ev)), tf32=runtime.context.allow_tf32)
     emit(E.Replayed(status=decision["status"], why=decision["why"], plain_ms=decision["plain_ms"],
                     replay_ms=decision["replay_ms"]))
     return {"replay": decision}
@@ -479,13 +492,14 @@ def time_it(state: ModuleState, runtime: Runtime[Context]) -> dict:
     return {"timing": timing}
 
 
-def report(state: ModuleState) -> dict:
+def report(state: ModuleState, runtime: Runtime[Context] | None = None) -> dict:
     status = "failed" if state["check"]["status"] == "failed" else "done"
     part = Partition(_groups(state), state.get("torch_ops") or [])
     outcomes = {int(k): v for k, v in state["outcomes"].items()}
     summary = summary_json(os.path.basename(state["path"]), state["out_path"], status, state["captured"], part,
                            outcomes, state["check"], state.get("timing"), state["gpu"], state.get("rewrites"))
     summary["replay"] = state.get("replay")
+    summary["tf32"] = bool(runtime and runtime.context.allow_tf32)
     text = markdown_report(summary)
     if state.get("report_path"):
         steps.write_text(Path(state["report_path"]), text)

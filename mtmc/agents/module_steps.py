@@ -196,7 +196,8 @@ def measure_layout(desc: dict, conv: str) -> dict:
     return r["result"]
 
 
-def reference_run(upload: str, gpu: bool, timeout_s: float, candidates_in: Path | None = None) -> ReferenceRun | dict:
+def reference_run(upload: str, gpu: bool, timeout_s: float, candidates_in: Path | None = None,
+                  tf32: bool = False) -> ReferenceRun | dict:
     """The trusted run of the upload's Model that every ModelNew version is checked against
     (guard.run_reference, once per upload), or the check's result when none can be made;
     candidates_in: the folder ModelNew is written to (its check's session starts meanwhile)."""
@@ -204,7 +205,8 @@ def reference_run(upload: str, gpu: bool, timeout_s: float, candidates_in: Path 
         close_idle_references("cuda")
     try:
         return run_reference(upload, "cuda" if gpu else "cpu", timeout_s, None if gpu else MEMORY_MB,
-                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS, candidates_in=candidates_in)
+                             max_elems=None if gpu else INTERPRETER_MAX_ELEMS, candidates_in=candidates_in,
+                             tf32=tf32)
     except ReferenceFailed as e:  # capture ran Model, so this is randomness or size, not a broken upload
         return {"status": "skipped", "reason": f"the whole module cannot be checked: {e}; each group's kernel "
                 "was checked on its own"}
@@ -243,21 +245,21 @@ def write_model_new(source: str, captured: dict, groups: list[Group], outcomes: 
 
 def assemble_checked(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
                      gpu: bool, timeout_s: float, on_event=None, original: dict | None = None,
-                     deadline: float | None = None) -> dict:
+                     deadline: float | None = None, tf32: bool = False) -> dict:
     """Write ModelNew with every kernel, check it; when the check fails, find the groups that
     break it (by halving, until `deadline`), let them fall back, and write and check again.  `original`:
     the capture before the graph stage rewrote `captured`; when even the all-PyTorch ModelNew of
     the rewritten graph fails, ModelNew is written from it (the result then has
     "rewrites_reverted": why).  With no kernel and no rewrite ModelNew runs Model's own code:
     nothing to check, and at KernelBench size the two sandboxed full-size runs cost a minute on
-    the H200."""
+    the H200.  tf32: the user allowed TF32 products, and the check's fp32 tolerance widens to match."""
     if not _kernels(groups, outcomes) and original is None:
         write_model_new(Path(upload).read_text(), captured, groups, outcomes, out)
         check = {"status": "passed", "reason": NOTHING_TO_CHECK, "verdict": None, "model_own_code": True}
         _emit(on_event, E.ModuleCheck(status=check["status"], reason=check["reason"]))
         return check
     out.parent.mkdir(parents=True, exist_ok=True)
-    ref = reference_run(upload, gpu, timeout_s, out.parent)
+    ref = reference_run(upload, gpu, timeout_s, out.parent, tf32)
     try:
         source = Path(upload).read_text()
         check = _check_until_it_passes(source, ref, captured, groups, outcomes, out, timeout_s, on_event, deadline)
@@ -360,7 +362,7 @@ REPLAY_MAX_BYTES = 1 << 30
 
 
 def replay_choice(upload: str, captured: dict, groups: list[Group], outcomes: dict[int, dict], out: Path,
-                  timeout_s: float, on_event=None) -> dict:
+                  timeout_s: float, on_event=None, tf32: bool = False) -> dict:
     """Write ModelNew with its forward replayed as one CUDA graph, time it against the checked
     plain one on the GPU and, when it is faster, check it with the guard and keep it in place of
     the plain one.  The decision as a record: status applied / not applied / refused, why, the
@@ -384,7 +386,7 @@ def replay_choice(upload: str, captured: dict, groups: list[Group], outcomes: di
         if t["replay_ms"] > REPLAY_KEEP_SHARE * t["plain_ms"]:
             return {**decision, "status": "not applied", "why": f"replayed {t['replay_ms']:.4f} ms against "
                     f"{t['plain_ms']:.4f} ms plain: launches are not where the time goes"}
-        ref = reference_run(upload, True, timeout_s, out.parent)
+        ref = reference_run(upload, True, timeout_s, out.parent, tf32)
         try:
             check = check_in_child(str(graphed), ref, timeout_s)
         finally:

@@ -66,7 +66,8 @@ def cmd_optimize(args) -> int:
     if not known_target(args.target):
         return 2
     ctx = Context(target=args.target, max_steps=args.max_steps, timeout_s=args.timeout,
-                  time_module=not args.no_time, budget_s=args.time_budget, cuda_graph=args.cuda_graph)
+                  time_module=not args.no_time, budget_s=args.time_budget, cuda_graph=args.cuda_graph,
+                  allow_tf32=args.allow_tf32)
     log = sys.stderr if args.json else sys.stdout
     print(isolation.status().line(), file=sys.stderr)
     summary = optimize_module(args.model, ctx, args.out, args.report, on_event=printer(log))
@@ -96,6 +97,9 @@ def register(sub) -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="on a GPU, try ModelNew's whole forward replayed as one CUDA graph, kept where measured faster "
                    "and passed by the guard (experimental: not yet run on a GPU)")
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="let fp32 conv and matmul groups use TF32 products (10-bit mantissa, as cuDNN's default TF32 "
+                   "convs): faster, with TF32-sized error; the module check's fp32 tolerance widens 16x to match")
     p.add_argument("--redo", action="store_true", help="for a folder: optimize modules already recorded in OUTDIR again")
     add_cluster_args(p)
     p.set_defaults(func=cmd_optimize)

@@ -104,6 +104,8 @@ def _parse(ctx: _Ctx) -> KernelSpec:
         build = build_reduction
     build = extras_builder(ctx, family) or build   # softmax over a middle dim, a sum of all elements
     spec = build(ctx, op)
+    if "tf32" in ctx.flags:
+        _tf32(ctx, spec)
     _check_sizes_used(ctx, family)
     _check_tensor_count(ctx, spec)
     for key in ("chain", "epilogue", "prologue"):
@@ -142,6 +144,18 @@ def _once(chain: list[dict]) -> list[dict]:
         if len(pair) == 4 and pair[:2] == pair[2:] and {s.get("op") for s in pair} == {"clamp_min", "clamp_max"}:
             del out[-2:]
     return out
+
+
+def _tf32(ctx: _Ctx, spec: KernelSpec) -> None:
+    """'tf32' said: a float32 matmul or conv may multiply in TF32 (one product per product, its
+    error 16x fp32's bound); other kernels have no products to make TF32."""
+    if spec.family in ("matmul", "conv") and spec.dtype == "float32":
+        spec.params["allow_tf32"] = True
+        ctx.assume("tf32 read as float32 tensors with TF32 products allowed (10-bit mantissa, error "
+                   "up to 16x the fp32 bound), as cuDNN's default TF32 convs")
+    else:
+        ctx.assume("tf32 read as float32: this kernel has no matrix products to run in TF32, so it computes "
+                   "in IEEE fp32")
 
 
 def _describe_understood(understood: dict) -> str:

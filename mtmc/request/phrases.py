@@ -143,10 +143,9 @@ def _read_dtype(ctx: _Ctx) -> None:
         raise _Fail(f"the dtype '{bad[0].group(0)}' is not supported: I write float32, float16 and "
                     "bfloat16 kernels.")
     found = {_DTYPE_TABLE[re.sub(r"[\s_-]", "", m.group(0))] for m in ctx.take(_DTYPE_RX)}
-    if ctx.take(_TF32):   # a compute mode, not a storage dtype
+    if ctx.take(_TF32):   # a compute mode, not a storage dtype: the user allows TF32 products
         found.add("float32")
-        ctx.assume("tf32 read as float32: the kernel reads and writes float32 and multiplies in IEEE fp32 "
-                   "(as exact as PyTorch's default, no TF32)")
+        ctx.flags.add("tf32")
     if len(found) > 1:
         ctx.understood["dtype"] = sorted(found)
         raise _Fail(f"the request names more than one dtype ({', '.join(sorted(found))}); a kernel here "

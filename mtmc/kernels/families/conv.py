@@ -35,7 +35,7 @@ from mtmc.kernels import pointwise
 from mtmc.kernels.families._conv_render import render
 from mtmc.kernels.families.elementwise import indent, operand_steps, signature, step_lines
 from mtmc.kernels.family import DTYPE_BYTES, Family, TensorArg, elements, small_dim
-from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.spec import TF32_ERROR_SCALE, KernelSpec
 from mtmc.kernels.families._conv_geometry import (  # noqa: F401
     SPATIAL, is_channel_step, is_transposed, out_names, rank, validate_channel_epilogue,
 )
@@ -43,7 +43,6 @@ from mtmc.kernels.families._conv_geometry import (  # noqa: F401
 OPS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 ALGOS = ("taps", "flat", "direct")
 DIRECT_MAX_CHANNELS = 8     # "direct" is legal up to this many input channels per group
-TF32_SCALE = 16.0           # error scale factor when TF32 products are allowed (2**-10 vs 1e-4)
 
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
@@ -251,7 +250,7 @@ class ConvFamily(Family):
             if gain:
                 scale.append("    s = " + gain)
             scale.append("    " + line)
-        factor = f" * {TF32_SCALE}" if spec.params.get("allow_tf32") else ""
+        factor = f" * {TF32_ERROR_SCALE}" if spec.params.get("allow_tf32") else ""
         scale.append(f"    return (s + x.abs()){factor}")
         return "\n".join(reference) + "\n\n\n" + "\n".join(scale) + "\n"
 
@@ -328,7 +327,8 @@ class ConvFamily(Family):
             # measured on the H200, IEEE FMAs made a 3x3 conv 1.36x slower (L1 task 59) and ran at
             # ~13 TFLOP/s on task 55; direct convs use no tl.dot, so their precision is moot
             tc = algo != "direct" and "tf32" in getattr(hw, "tc_tflops", {})
-            cfg["PRECISION"] = "tf32x3" if tc else "ieee"
+            # one TF32 product where the user allowed it (a third of tf32x3's tensor work)
+            cfg["PRECISION"] = ("tf32" if spec.params.get("allow_tf32") else "tf32x3") if tc else "ieee"
         return cfg
 
     def render(self, spec: KernelSpec, config: dict) -> str:

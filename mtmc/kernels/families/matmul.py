@@ -5,7 +5,9 @@ params["b_layout"] == "nk" (the nn.Linear weight layout, read transposed through
 params["epilogue"] is a pointwise chain applied to the fp32 accumulator before the store; its
 operands follow a and b in pointwise.operands() order: "bias" ones are [N], "full" ones are
 [M, N] ([B, M, N]), one-value ("scalar") ones [1], loaded once.  The output is [M, N]
-([B, M, N]) in the spec's dtype.
+([B, M, N]) in the spec's dtype.  params["allow_tf32"] (float32 only): the user accepts TF32
+products (one per fp32 product, 10-bit mantissa; the tolerance widens to match), otherwise fp32
+accuracy (IEEE FMAs or three TF32 products per product).
 
 Knobs: tile sizes, a grouped tile order for L2 reuse (GROUP_M), split-K (partial fp32 tiles in
 a workspace, summed by a second kernel that applies the epilogue), a persistent grid, warps and
@@ -21,7 +23,7 @@ from mtmc.kernels.families.elementwise import (
 )
 from mtmc.kernels.family import CPU_SMS, DTYPE_BYTES, Family, TensorArg, elements, small_dim
 from mtmc.kernels.ops import FAMILY_OPS
-from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.spec import TF32_ERROR_SCALE, KernelSpec
 
 REDUCE_BLOCK = 1024    # elements per program of the split-K reduction
 FP32_PRECISIONS = ("ieee", "tf32x3")
@@ -95,7 +97,8 @@ class MatmulFamily(Family):
         b = "[N, K] (nn.Linear weight layout)" if self.b_nk(spec) else "[K, N]"
         epi = self.epilogue(spec)
         then = f", then {pointwise.describe_chain(epi)} on the result" if epi else ""
-        return (f"{what}: [{d['M']} x {d['K']}] times [{d['K']} x {d['N']}] in {spec.dtype}, "
+        tf32 = " (TF32 products allowed)" if spec.params.get("allow_tf32") else ""
+        return (f"{what}: [{d['M']} x {d['K']}] times [{d['K']} x {d['N']}] in {spec.dtype}{tf32}, "
                 f"b stored as {b}{then}")
 
     def validate(self, spec: KernelSpec) -> None:
@@ -105,6 +108,9 @@ class MatmulFamily(Family):
                 raise ValueError(f"{spec.op} needs a positive dim {d}; got dims {spec.dims}")
         if spec.params.get("b_layout", "kn") not in ("kn", "nk"):
             raise ValueError("b_layout must be 'kn' (b is [K, N]) or 'nk' (b is [N, K], the nn.Linear weight)")
+        if spec.params.get("allow_tf32") not in (None, False, True) or (spec.params.get("allow_tf32")
+                                                                       and spec.dtype != "float32"):
+            raise ValueError("allow_tf32 (true or false) is for float32 matmuls")
         epi = spec.params.get("epilogue", [])
         if not isinstance(epi, list):
             raise ValueError("the matmul epilogue must be a list of pointwise steps")
@@ -141,7 +147,8 @@ class MatmulFamily(Family):
             if gain:
                 scale.append("    s = " + gain)
             scale.append("    " + line)
-        scale.append("    return s + x.abs()")
+        factor = f" * {TF32_ERROR_SCALE}" if spec.params.get("allow_tf32") else ""
+        scale.append(f"    return (s + x.abs()){factor}")
         return "\n".join(reference) + "\n\n\n" + "\n".join(scale) + "\n"
 
     # -- how -------------------------------------------------------------------------------
@@ -153,7 +160,7 @@ class MatmulFamily(Family):
             space["SPLIT_K"] = [1]   # tril/triu need the tile's rows and columns: no flat split-K epilogue
         if spec.dtype == "float32":
             # fp32 accuracy either way: IEEE FMAs, or three TF32 tensor-core products (sm_80+)
-            space["PRECISION"] = list(FP32_PRECISIONS)
+            space["PRECISION"] = list(FP32_PRECISIONS) + (["tf32"] if spec.params.get("allow_tf32") else [])
         return space
 
     def default_config(self, spec: KernelSpec, hw) -> dict:
@@ -185,7 +192,8 @@ class MatmulFamily(Family):
                   "SPLIT_K": split, "PERSISTENT": False, "num_warps": 8 if bm * bn >= big else 4,
                   "num_stages": 3}
         if spec.dtype == "float32":
-            config["PRECISION"] = "tf32x3" if tf32x3 else "ieee"
+            # one TF32 product where the user allowed it (a third of tf32x3's tensor work)
+            config["PRECISION"] = ("tf32" if spec.params.get("allow_tf32") else "tf32x3") if tf32x3 else "ieee"
         return config
 
     def render(self, spec: KernelSpec, config: dict) -> str:
@@ -194,7 +202,8 @@ class MatmulFamily(Family):
         cfg = {**({"PRECISION": "ieee"} if "PRECISION" in space else {}), **{k: config[k] for k in space if k in config}}
         epi = self.epilogue(spec)
         split = int(cfg["SPLIT_K"])
-        dot = (f'tl.dot(a, b, acc=acc, input_precision="{cfg["PRECISION"]}")  # fp32 accuracy'
+        dot = (f'tl.dot(a, b, acc=acc, input_precision="{cfg["PRECISION"]}")  '
+               + ("# TF32 products: allowed by the spec" if cfg["PRECISION"] == "tf32" else "# fp32 accuracy")
                if spec.dtype == "float32" else "tl.dot(a, b, acc=acc)  # fp32 accumulation")
         bf16 = spec.dtype == "bfloat16"
         dot_tile = (DOT_TILE_SOURCE.replace("{dot}", dot).replace("{upcast}", BF16_UPCAST if bf16 else "")

@@ -2,7 +2,7 @@
 reference Model and judges the candidate's outputs, so the reference's outputs never leave it.
 
 Jobs, in the order the verifier sends them (the state lives in this process between jobs):
-  reference_open    {"path", "device", "time", "max_elems"} -> {"variants", "notes", "mode"}
+  reference_open    {"path", "device", "time", "max_elems", "tf32"} -> {"variants", "notes", "mode"}
                     builds Model(*get_init_inputs()) under a fresh seed, on the device
   reference_state   {"dir"} -> {"payload"}: init inputs and the state_dict, shared (exchange)
   reference_variant {"index", "dir"} -> inputs drawn fresh for variants[index] (guard.draw) on the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from mtmc.kernels.spec import TF32_MODULE_SCALE
 from mtmc.tools.guard import numeric
 from mtmc.tools.guard.draw import SIGNED, VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
 from mtmc.tools.guard.exchange import ipc_exports, receive, share, staged_cap
@@ -247,7 +248,7 @@ def open_job(job: dict) -> dict:
     max_elems = staged_cap(device, job.get("max_elems"), ipc_exports)
     clock.lap("ipc probe")
     _RUN.update(module=module, device=device, init=init, model=model, model64=model64, constants={}, build_seed=build_seed,
-                max_elems=max_elems, time=bool(job.get("time")), eager_ms=None, trial=None)
+                max_elems=max_elems, time=bool(job.get("time")), eager_ms=None, trial=None, tf32=bool(job.get("tf32")))
     mode, notes, nonneg = _mode(model)
     clock.lap("mode probe")
     variants = list(VARIANTS) + ([SIGNED] if nonneg else [])   # draw.py says why
@@ -392,7 +393,10 @@ def _judge_outputs(outs: list) -> list[dict]:
             fmt.append(f"output {j} is {o.dtype}, Model's {e.dtype}")
         if o.device != e.device:
             o = o.to(e.device)
-        results.append({"compare": numeric.compare(o, r, e), "precision": numeric.precision_loss(o, r, e),
+        # the user allowed TF32 products (optimize --allow-tf32): a TF32-sized error is within the bound
+        tf32 = _RUN.get("tf32", False)
+        results.append({"compare": numeric.compare(o, r, e, TF32_MODULE_SCALE if tf32 else 1.0),
+                        "precision": numeric.precision_loss(o, r, e, allowed=tf32),
                         "format": fmt, "fingerprint": numeric.fingerprint(o) if o.is_floating_point() else None})
     return results
 

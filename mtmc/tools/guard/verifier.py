@@ -130,11 +130,12 @@ def _confinement(path: str, shared: Path, exchange: Path, device: str, uid: int 
 
 def run_reference(path: str | Path, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                   memory_mb: int | None = DEFAULT_MEMORY_MB, max_elems: int | None = None,
-                  candidates_in: str | Path | None = None) -> ReferenceRun:
+                  candidates_in: str | Path | None = None, tf32: bool = False) -> ReferenceRun:
     """Model in a sandboxed session, ready to check candidates against; max_elems cuts the
     inputs along dim 0 (for Triton's interpreter) where Model accepts the smaller batch.
     candidates_in: the folder the candidates will be written to; the first candidate's session
-    then starts beside the reference's (check_candidate's memory_mb must be this memory_mb)."""
+    then starts beside the reference's (check_candidate's memory_mb must be this memory_mb).
+    tf32: the user allowed TF32 products: fp32 outputs are judged with a TF32-sized tolerance."""
     device = device or default_device()
     path = str(Path(path).resolve())
     exchange = Path(tempfile.mkdtemp(prefix="mtmc-guard-"))
@@ -150,7 +151,8 @@ def run_reference(path: str | Path, device: str | None = None, timeout_s: float 
                        candidates_in=os.path.realpath(candidates_in) if candidates_in else None)
     try:
         ref.spare = _start_spare(ref, None if device == "cuda" else memory_mb)
-        opened = ref.call("reference_open", path=path, device=device, time=device == "cuda", max_elems=max_elems)
+        opened = ref.call("reference_open", path=path, device=device, time=device == "cuda", max_elems=max_elems,
+                          tf32=tf32)
     except BaseException:
         ref.close()
         raise
