@@ -534,3 +534,19 @@ def test_other_einsums_are_refused_with_the_forms_served(text):
 def test_pool_keywords_with_their_values(text, key, value):
     params = spec_of(text).params
     assert params[key] == [2, 2] if value is None else params[key] is value
+
+
+@pytest.mark.parametrize("text,dims,params", [
+    # each was refused: channel counts as "256 channels to 64" / "64 in 64 out" / in=, and k= s= p=
+    ("conv2d(in=32, out=64, k=5, s=2, p=2) on 8x32x64x64 bf16", {"C_in": 32, "C_out": 64, "OH": 32},
+     {"kernel": [5, 5], "stride": [2, 2], "padding": [[2, 2], [2, 2]]}),
+    ("a 1x1 conv projecting 256 channels to 64 on 32x256x56x56 fp16", {"C_in": 256, "C_out": 64, "OH": 56},
+     {"kernel": [1, 1]}),
+    ("grouped conv 3x3 with 8 groups, 64 in 64 out, on 16x64x56x56", {"C_in": 64, "C_out": 64, "OH": 54},
+     {"groups": 8}),
+    ("max pool k=3 s=2 p=1 on 8x64x56x56", {"C": 64, "OH": 28}, {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]}),
+])
+def test_conv_and_pool_shorthands(text, dims, params):
+    spec = spec_of(text)
+    assert {k: spec.dims[k] for k in dims} == dims
+    assert {k: spec.params[k] for k in params} == params

@@ -33,8 +33,8 @@ _EQ = r"\s*(?:=|:|of|is)?\s*"
 _WORDS = {  # key: patterns whose group v holds the value(s); taken in this order
     "output_padding": [rf"\boutput[\s_-]*padding{_EQ}(?P<v>{_SIZES})"],
     "padding": [rf"\b(?:zero[\s_-]*)?pad(?:ding|ded)?(?:\s+by)?{_EQ}(?P<v>same|valid|{_SIZES})",
-                r"\b(?P<v>same|valid)[\s_-]+padding\b", r"\bp(?P<v>\d+)\b"],
-    "kernel": [rf"\bkernel(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})",
+                r"\b(?P<v>same|valid)[\s_-]+padding\b", r"\bp\s*=?\s*(?P<v>\d+)\b"],
+    "kernel": [rf"\bkernel(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})", r"\bk\s*=\s*(?P<v>\d+)\b",
                rf"\b(?P<v>\d+(?:\s*[x*]\s*\d+)+)[\s-]+(?:kernel|filter|window)s?\b", rf"\b(?P<v>{_N})[\s-]+kernel\b",
                rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:{_KIND}[\s_-]+)*(?:conv|deconv))",
                # right after the conv word: "conv2d 3x3 stride 2" (the conv word itself stays), but not
@@ -43,12 +43,17 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
                rf"(?!\s+(?:in(?:put)?|out(?:put)?|channels|filters|feature|groups|to)\b)"],
     # "conv2d 3x3 s2 p1": s / p / d shorthands (a conv's or pool's own words only)
     "stride": [rf"\bstrides?(?:\s+by)?{_EQ}(?P<v>{_SIZES})", rf"\bstrided\s+by\s+(?P<v>{_SIZES})",
-               r"\bs(?P<v>\d+)\b"],
-    "dilation": [rf"\bdilat(?:ion|ed)(?:\s+by)?{_EQ}(?P<v>{_SIZES})", r"\bd(?P<v>[1-9]\d?)\b(?![\s_-]*(?:conv|pool))"],
+               r"\bs\s*=?\s*(?P<v>\d+)\b"],
+    "dilation": [rf"\bdilat(?:ion|ed)(?:\s+by)?{_EQ}(?P<v>{_SIZES})", r"\bd\s*=?\s*(?P<v>[1-9]\d?)\b(?![\s_-]*(?:conv|pool))"],
     "groups": [rf"\bgroups?{_EQ}(?P<v>{_N})", rf"\b(?P<v>{_N})\s+groups\b"],
 }
 _CHANNELS = [  # (pattern, which channel counts its groups give)
     (rf"\b(?P<a>{_N})\s+in(?:put)?\s+and\s+(?P<b>{_N})\s+out(?:put)?\s+channels\b", ("in", "out")),
+    # "projecting 256 channels to 64", "64 in 64 out", "conv2d(in=32, out=64, ...)"
+    (rf"\b(?P<a>{_N})\s+channels\s+(?:in)?to\s+(?P<b>{_N})(?:\s+channels)?\b", ("in", "out")),
+    (rf"\b(?P<a>{_N})\s+in\s*,?\s*(?P<b>{_N})\s+out\b", ("in", "out")),
+    (rf"\bin(?:_channels)?\s*=\s*(?P<a>{_N})", ("in",)),
+    (rf"\bout(?:_channels)?\s*=\s*(?P<a>{_N})", ("out",)),
     (rf"\b(?:from\s+)?(?P<a>{_N})\s+to\s+(?P<b>{_N})\s+channels\b|\b(?P<a2>{_N})\s*->\s*(?P<b2>{_N})\s+channels\b",
      ("in", "out")),
     (rf"\b(?:in(?:put)?[\s_-]*channels|c[\s_-]*in){_EQ}(?P<a>{_N})|\b(?P<a2>{_N})\s+in(?:put)?[\s_-]*channels\b",

@@ -29,7 +29,7 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
     "output": [rf"\boutput[\s_-]*(?:size|shape)?{_EQ}(?P<v>{_SIZES})",
                rf"(?<=pool)(?:ing)?\s+(?:down\s+)?to\s+(?P<v>{_SIZES})"],
     "padding": [_CONV_WORDS["padding"][0], _CONV_WORDS["padding"][2]],   # "padding 1", "p1"
-    "kernel": [rf"\b(?:kernel|window)(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})",
+    "kernel": [rf"\b(?:kernel|window)(?:[\s_-]*size)?{_EQ}(?P<v>{_SIZES})", r"\bk\s*=\s*(?P<v>\d+)\b",
                rf"\b(?P<v>\d+(?:\s*[x*]\s*\d+)*)[\s-]+(?:kernel|window)s?\b",
                rf"\b(?P<v>\d{{1,2}}(?:\s*x\s*\d{{1,2}})*)[\s-]+(?=(?:adaptive|global)?[\s_-]*(?:max|average|avg|mean)"
                r"[\s_-]*pool)",
