@@ -13,7 +13,7 @@ from mtmc.commands.cli import build_parser
 from mtmc.kernels.families.conv import FAMILY as CONV
 from mtmc.kernels.families.conv import conv_spec
 from mtmc.kernels.families.matmul import FAMILY as MATMUL
-from mtmc.kernels.spec import TF32_ERROR_SCALE, TF32_MODULE_SCALE, KernelSpec
+from mtmc.kernels.spec import TF32_ERROR_SCALE, KernelSpec
 from mtmc.kernels.task import check
 from mtmc.tools.guard import numeric
 from mtmc.tools.hardware import PROFILES
@@ -100,9 +100,9 @@ def test_module_check_tolerance_widens_only_when_tf32_is_allowed():
     eager = a @ b
     tf32 = (_tf32(a).double() @ _tf32(b).double()).float()
     assert not numeric.compare(tf32, ref, eager)["ok"]
-    assert numeric.compare(tf32, ref, eager, TF32_MODULE_SCALE)["ok"]
-    assert not numeric.compare(tf32 * 1.02, ref, eager, TF32_MODULE_SCALE)["ok"]
-    assert not numeric.compare(torch.zeros_like(tf32), ref, eager, TF32_MODULE_SCALE)["ok"]
+    assert numeric.compare(tf32, ref, eager, numeric.TF32_MODULE_SCALE)["ok"]
+    assert not numeric.compare(tf32 * 1.02, ref, eager, numeric.TF32_MODULE_SCALE)["ok"]
+    assert not numeric.compare(torch.zeros_like(tf32), ref, eager, numeric.TF32_MODULE_SCALE)["ok"]
     assert numeric.precision_loss(tf32, ref, eager, allowed=True)["reduced"] is False
 
 

@@ -14,9 +14,6 @@ DTYPES = ("float32", "float16", "bfloat16")
 # TF32 products (10-bit mantissa) where the user allows them: fp32's tolerance widened this much
 # (2**-10 against fp32's 1e-4 bound)
 TF32_ERROR_SCALE = 16.0
-# the module check sees only outputs (no |a| x |b| error scale): a TF32 sum's worst error over
-# millions of outputs is ~5 sigma of 2**-11 relative, so its bound is wider still
-TF32_MODULE_SCALE = 64.0
 # Not a catalog family: an op outside it whose kernel the coder role's model writes (its params
 # hold the PyTorch reference and the inputs' shapes; module.custom_groups, agents.llm_coder).
 CUSTOM_FAMILY = "custom"

@@ -7,7 +7,8 @@ end-to-end check and speedup, the ops left to PyTorch, and the parts that could 
 from __future__ import annotations
 
 from mtmc.kernels.catalog import describe
-from mtmc.kernels.spec import TF32_MODULE_SCALE, KernelSpec
+from mtmc.kernels.spec import KernelSpec
+from mtmc.tools.guard import numeric
 
 
 def summary_json(file: str, out: str, status: str, captured: dict, part, outcomes: dict[int, dict],
@@ -148,7 +149,8 @@ def markdown_report(s: dict) -> str:
                   "the catalog serves got its kernel. Per-group times below are roofline estimates.", ""]
     if s.get("tf32"):
         lines += [f"**Precision**: TF32 products allowed (--allow-tf32): fp32 conv and matmul groups multiply "
-                  f"in TF32, and the module check's fp32 tolerance was widened {TF32_MODULE_SCALE:g}x to match.", ""]
+                  f"in TF32, and the module check's fp32 tolerance was widened {numeric.TF32_MODULE_SCALE:g}x to "
+                  "match.", ""]
     rp = s.get("replay")
     if rp:   # the launch-overhead action (module.graph_replay)
         lines += [f"**CUDA graph replay of the whole forward**: {replay_words(rp)}.", ""]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 
-from mtmc.kernels.spec import TF32_MODULE_SCALE
 from mtmc.tools.guard import numeric
 from mtmc.tools.guard.draw import SIGNED, VARIANTS, draw_inputs, fresh_seed, seed_everything, shrink
 from mtmc.tools.guard.exchange import ipc_exports, receive, share, staged_cap
@@ -395,7 +394,7 @@ def _judge_outputs(outs: list) -> list[dict]:
             o = o.to(e.device)
         # the user allowed TF32 products (optimize --allow-tf32): a TF32-sized error is within the bound
         tf32 = _RUN.get("tf32", False)
-        results.append({"compare": numeric.compare(o, r, e, TF32_MODULE_SCALE if tf32 else 1.0),
+        results.append({"compare": numeric.compare(o, r, e, numeric.TF32_MODULE_SCALE if tf32 else 1.0),
                         "precision": numeric.precision_loss(o, r, e, allowed=tf32),
                         "format": fmt, "fingerprint": numeric.fingerprint(o) if o.is_floating_point() else None})
     return results
