@@ -121,3 +121,14 @@ def test_optimize_with_tf32_allowed_writes_tf32_kernels_that_pass_the_module_che
     assert summary["status"] == "done" and summary["check"]["status"] == "passed", summary.get("check")
     assert 'input_precision="tf32"' in out.read_text()
     assert "TF32 products allowed (--allow-tf32)" in summary["report"]
+
+
+def test_the_chat_setting_reaches_the_modules_context_and_the_status_says_it(monkeypatch):
+    from mtmc.ui import chat
+    from mtmc.ui.settings import Settings, status_markdown
+    assert chat._context(Settings(allow_tf32=True)).allow_tf32 is True
+    assert chat._context(Settings()).allow_tf32 is False
+    assert "**TF32 allowed**" in status_markdown(Settings(allow_tf32=True), {})
+    assert "TF32 off" in status_markdown(Settings(), {})
+    monkeypatch.setenv("MTMC_ALLOW_TF32", "1")
+    assert Settings.from_env().allow_tf32 is True

@@ -566,14 +566,14 @@ def test_why_is_answered_from_the_recorded_decision(client):
 
 def test_why_with_an_llm_in_the_settings_is_its_prose_over_the_facts(client, chat_server):
     chat_server.reply = "Step 1 was the planner's top-ranked move, and its time is an estimate, not a measurement."
-    status = client.predict("auto", 1, chat_server.url, "stub-model", "", api_name="/save_settings")
+    status = client.predict("auto", 1, chat_server.url, "stub-model", "", False, api_name="/save_settings")
     assert f"`stub-model` at `{chat_server.url}` writes the **why-answers**" in status
     try:
         answer = _text(_last(_ask(client, "why step 1?"), "chat")[-1])
         chat_server.mode = "status"
         failed = _text(_last(_ask(client, "why step 1?"), "chat")[-1])
     finally:
-        client.predict("auto", 1, "", "", "", api_name="/save_settings")   # the tests below run offline
+        client.predict("auto", 1, "", "", "", False, api_name="/save_settings")   # the tests below run offline
     prose, facts = answer.split("\n\n---\n", 1)
     assert prose == chat_server.reply
     assert facts.startswith("Facts from the run's records") and "Step 1" in facts and "p=" in facts
@@ -652,8 +652,9 @@ def test_history_finds_and_opens_past_optimizations(client):
 def test_settings_show_what_is_available_and_keep_the_endpoint(app_url):
     from gradio_client import Client
     status = Client(app_url, auth=AUTH, verbose=False).predict("h100", 2, "http://localhost:8000/v1", "qwen-coder", "sk-test",
-                                      api_name="/save_settings")
+                                      True, api_name="/save_settings")
     assert "GPU: **none**" in status and "NVIDIA H100 SXM" in status and "at most 2 planner steps" in status
+    assert "**TF32 allowed** in uploaded modules" in status
     assert "`qwen-coder` at `http://localhost:8000/v1` writes the **why-answers**" in status
     assert "reads the requests the rule parser refuses" in status and "planning and coding stay deterministic" in status
     assert "sk-test" not in status

@@ -299,7 +299,7 @@ def _llm(prefs: Settings):
 
 
 def _context(prefs: Settings) -> Context:
-    return Context(target=prefs.target, max_steps=prefs.max_steps, llm=_llm(prefs))
+    return Context(target=prefs.target, max_steps=prefs.max_steps, llm=_llm(prefs), allow_tf32=prefs.allow_tf32)
 
 
 def _file_path(f) -> str:

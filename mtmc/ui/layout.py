@@ -80,6 +80,9 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
                 target = gr.Dropdown(target_choices(), value=defaults.target, label="Target GPU profile")
                 max_steps = gr.Slider(0, 16, value=defaults.max_steps, step=1, label="Planner steps per run",
                                       elem_id="max-steps")
+                tf32 = gr.Checkbox(value=defaults.allow_tf32, elem_id="allow-tf32",
+                                   label="Allow TF32 in uploaded modules' fp32 conv and matmul groups (faster, "
+                                         "TF32-sized error)")
                 base_url = gr.Textbox(defaults.llm_base_url, label="LLM endpoint (OpenAI-compatible, optional)",
                                       placeholder="http://localhost:8000/v1")
                 model = gr.Textbox(defaults.llm_model, label="LLM model", placeholder="e.g. Qwen/Qwen2.5-Coder-7B-Instruct")
@@ -113,13 +116,13 @@ def build_app(defaults: Settings | None = None, chat: Chat | None = None) -> gr.
         new.click(fresh, None, cleared, api_name="new_conversation")
         chatbot.clear(fresh, None, cleared, api_name=False)
 
-        def save_settings(tgt, steps, url, mdl, key, prev):
+        def save_settings(tgt, steps, url, mdl, key, allow_tf32, prev):
             # The key box starts empty (a key is never sent to the page): empty keeps the key held.
             prefs = Settings(target=tgt, max_steps=int(steps), llm_base_url=url or "", llm_model=mdl or "",
-                             llm_api_key=key or Settings.from_dict(prev).llm_api_key)
+                             llm_api_key=key or Settings.from_dict(prev).llm_api_key, allow_tf32=bool(allow_tf32))
             return prefs.to_dict(), _status(prefs)
 
-        save.click(save_settings, [target, max_steps, base_url, model, api_key, settings], [settings, status],
+        save.click(save_settings, [target, max_steps, base_url, model, api_key, tf32, settings], [settings, status],
                    api_name="save_settings")
         demo.load(lambda prefs: _status(Settings.from_dict(prefs)), settings, status, api_name=False)
         # each page starts with its own conversation id, so two quick messages land in the same one

@@ -18,17 +18,19 @@ class Settings:
     llm_base_url: str = ""        # OpenAI-compatible endpoint; empty = offline
     llm_model: str = ""
     llm_api_key: str = ""         # kept in the session only; never shown or logged
+    allow_tf32: bool = False      # uploaded modules' fp32 conv / matmul groups may multiply in TF32
 
     @classmethod
     def from_env(cls) -> "Settings":
         """The launch defaults: MTMC_MAX_STEPS, MTMC_TARGET, MTMC_LLM_BASE_URL, MTMC_LLM_MODEL,
-        MTMC_LLM_API_KEY."""
+        MTMC_LLM_API_KEY, MTMC_ALLOW_TF32 (1 = on)."""
         steps = os.environ.get("MTMC_MAX_STEPS", "")
         return cls(target=os.environ.get("MTMC_TARGET", "auto"),
                    max_steps=int(steps) if steps.isdigit() else DEFAULT_MAX_STEPS,
                    llm_base_url=os.environ.get("MTMC_LLM_BASE_URL", ""),
                    llm_model=os.environ.get("MTMC_LLM_MODEL", ""),
-                   llm_api_key=os.environ.get("MTMC_LLM_API_KEY", ""))
+                   llm_api_key=os.environ.get("MTMC_LLM_API_KEY", ""),
+                   allow_tf32=os.environ.get("MTMC_ALLOW_TF32", "") == "1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +85,9 @@ def status_markdown(settings: Settings, parts: dict[str, str]) -> str:
         target = f"unknown ({exc})"
     lines = [f"- {gpu_status()}", f"- {isolation_status()}",
              f"- Target profile: **{target}**; at most {settings.max_steps} planner steps per run",
+             "- Precision: " + ("**TF32 allowed** in uploaded modules' fp32 conv and matmul groups (TF32-sized "
+                                "error, checked with a widened tolerance)" if settings.allow_tf32 else
+                                "fp32 accuracy for fp32 modules (TF32 off; a request in words may say 'tf32')"),
              f"- {llm_status(settings)}"]
     from mtmc.tools.cluster import SCHEDULER_ENV, cluster_status
     cluster = cluster_status()
