@@ -3,6 +3,7 @@ the extras2 bench row parsing."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bench.tasks import EXTRAS2_TASKS
 from mtmc.request.parse import parse_request
@@ -126,3 +127,30 @@ def test_quick_gelu_formula_is_a_scaled_silu_with_the_same_values():
         table = pointwise.SCALAR if step["op"] in pointwise.SCALAR else pointwise.UNARY
         y = eval(table[step["op"]][1].format(x="y", v=step.get("value")), {"torch": torch, "y": y})
     torch.testing.assert_close(y, x * torch.sigmoid(1.702 * x))
+
+
+@pytest.mark.parametrize("text,expected", [
+    # where(...) was read in pieces ("what 0 means"); now one select step with the same values
+    ("where(x > 0, x, 0.1 * x) on 64x64", lambda x: torch.where(x > 0, x, 0.1 * x)),
+    ("torch.where(x.abs() > 3, 0, x) on 64x64", lambda x: torch.where(x.abs() > 3, 0.0, x)),
+    ("where(0 < x, x * 2, 0) on 64x64", lambda x: torch.where(x > 0, x * 2, 0.0)),
+])
+def test_where_of_a_comparison_with_a_number_is_one_select_step(text, expected):
+    from mtmc.kernels.catalog import family_of
+    from mtmc.kernels.task import check
+    from mtmc.tools.hardware import PROFILES
+    spec = spec_of(text)
+    (step,) = spec.params["chain"]
+    assert step["op"] == "select"
+    fam = family_of(spec)
+    ns = {"torch": torch}
+    exec(fam.reference_source(spec), ns)   # noqa: S102 - our own generated reference
+    x = torch.randn(64, 64) * 4
+    torch.testing.assert_close(ns["reference"](x), expected(x))
+    result = check(spec, fam.render(spec, fam.default_config(spec, PROFILES["h200"])), spec.dims, device="cpu")
+    assert result.ok, result.reason
+
+
+def test_a_bare_comparison_is_refused_with_the_where_form():
+    result = parse_request("x > 0 on 64x64")
+    assert not result.ok and "where(" in result.message

@@ -12,8 +12,12 @@ from mtmc.request.reading import DEFAULT_LEAKY_SLOPE, MATMUL_WORDS, VARS, _Ctx, 
 
 _TOKEN = (r"\s*(?:(?P<arrow>->)|(?P<num>(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
           r"|(?P<name>[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)|(?P<str>'[a-z_]*'|\"[a-z_]*\")"
-          r"|(?P<op>\*\*|[-+*/@^(),=])|(?P<other>\S))")
-_BIN_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "**": 4, "^": 4}
+          r"|(?P<op>\*\*|>=|<=|==|!=|[-+*/@^(),=<>])|(?P<other>\S))")
+# comparisons bind loosest: where(x + 1 > 0, ...) compares x + 1
+_BIN_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "**": 4, "^": 4,
+             ">": 0, "<": 0, ">=": 0, "<=": 0, "==": 0, "!=": 0}
+_CMP_NAMES = {">": "gt", "<": "lt", ">=": "ge", "<=": "le", "==": "eq", "!=": "ne"}
+_CMP_FLIPPED = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}   # 0 < x is x > 0
 _NAMESPACES = {"torch", "nn", "functional", "f", "math", "tl", "np", "numpy", "triton", "special"}
 _BIAS_NAMES = {"b", "bias"}
 _RESIDUAL_NAMES = {"r", "res", "residual", "skip", "shortcut"}
@@ -39,7 +43,7 @@ _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "lo
 _BOUND_FUNCS = {"max": "clamp_min", "maximum": "clamp_min", "fmax": "clamp_min",
                 "min": "clamp_max", "minimum": "clamp_max", "fmin": "clamp_max"}
 _OTHER_FUNCS = {"leaky_relu", "relu6", "hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "linear", "sqrt", "t",
-                "transpose", "pow"}
+                "transpose", "pow", "where"}
 # Known functions outside the vocabulary: a formula using them fails with a clear reason.
 _UNSUPPORTED_FUNCS = {"log1p", "log2", "sin", "cos", "tan", "floor", "ceil", "round", "div", "dropout", "conv2d",
                       "conv1d", "cumsum", "var", "std", "diag", "diagflat", "diag_embed"}
@@ -367,6 +371,9 @@ class _Walker:
             return chain + [("step", self.operand(other, "div" if in_left else "rdiv"))]
         if op in ("**", "^") and in_left and value is not None and not in_right:
             return chain + [("step", {"op": "square"} if value == 2 else {"op": "pow", "value": value})]
+        if op in _CMP_NAMES:
+            self.fail(node, "a comparison makes a bool mask, and these kernels write float values: put it in "
+                            "where(x > 0, x, 0.1 * x)")
         self.fail(node, "the pointwise vocabulary has no op for this (no tensor exponents)")
 
     def plus(self, other, value) -> tuple:
@@ -419,8 +426,39 @@ class _Walker:
             return [("step", s) for s in steps]
         self.fail(node, "it uses the input twice in a way the pointwise vocabulary has no op for")
 
+    def where(self, node) -> list:
+        """where(f(x) CMP c, then, else): one select step, each branch a number or steps on x."""
+        _, _, args, kwargs = node
+        if len(args) != 3 or kwargs:
+            self.fail(node, "where takes a condition and two values")
+        cond, *branches = args
+        if cond[0] != "bin" or cond[1] not in _CMP_NAMES:
+            self.fail(cond, "the condition must compare the input with a number (x > 0)")
+        cmp, left, right = _CMP_NAMES[cond[1]], cond[2], cond[3]
+        if _const(left) is not None and _const(right) is None:   # 0 < x is x > 0
+            cmp, left, right = _CMP_FLIPPED[cmp], right, left
+        value = _const(right)
+        if value is None or not self.has_input(left):
+            self.fail(cond, "the condition must compare the input with a number (x > 0)")
+        step = {"op": "select", "cond": self.steps_of(left), "cmp": cmp, "value": value}
+        for key, branch in zip(("then", "else"), branches):
+            number = _const(branch)
+            step[key] = number if number is not None else self.steps_of(branch)
+        return [("step", step)]
+
+    def steps_of(self, node) -> list[dict]:
+        """The one-input steps a branch applies to x (no second tensor, no core op)."""
+        if not self.has_input(node):
+            self.fail(node, "each branch of where is a number or a function of the input")
+        entries = self.walk(node)
+        if any(e[0] != "step" or pointwise.operand_kind(e[1]) for e in entries):
+            self.fail(node, "a branch of where takes one-input steps only")
+        return [e[1] for e in entries]
+
     def call(self, node) -> list:
         _, name, args, kwargs = node
+        if name == "where":
+            return self.where(node)
         if name in _UNSUPPORTED_FUNCS:
             self.fail(node, f"{name} is not in the pointwise vocabulary ({_vocabulary()})")
         if name == "linear":   # F.linear(x, w[, b]) = x @ w^T (+ b)
