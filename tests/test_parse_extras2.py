@@ -154,3 +154,14 @@ def test_where_of_a_comparison_with_a_number_is_one_select_step(text, expected):
 def test_a_bare_comparison_is_refused_with_the_where_form():
     result = parse_request("x > 0 on 64x64")
     assert not result.ok and "where(" in result.message
+
+
+@pytest.mark.parametrize("text,dims", [
+    # a reduction call without a dim reduced the last dim; PyTorch reduces every element
+    ("torch.sum(x) on 4096x4096", {"M": 1, "N": 4096 * 4096}),
+    ("x.mean() for x 16x1024x64", {"M": 1, "N": 16 * 1024 * 64}),
+    ("torch.sum(x, 1) on 64x32", {"M": 64, "N": 32}),
+    ("mean(x) over the last dim of 64x32", {"M": 64, "N": 32}),
+])
+def test_a_reduction_call_without_a_dim_reduces_every_element(text, dims):
+    assert spec_of(text).dims == dims

@@ -505,6 +505,8 @@ class _Walker:
             if value is None or value != int(value):
                 self.fail(node, "the dim must be a number")
             self.ctx.reduce_dim = int(value)
+        elif family == "reduction":   # torch.sum(x), x.mean(): PyTorch reduces every element (was the last dim)
+            self.ctx.reduce_dim = "all elements"
         if "eps" in kwargs:
             eps = _const(kwargs["eps"])
             if eps is None:
