@@ -162,6 +162,9 @@ def test_a_bare_comparison_is_refused_with_the_where_form():
     ("x.mean() for x 16x1024x64", {"M": 1, "N": 16 * 1024 * 64}),
     ("torch.sum(x, 1) on 64x32", {"M": 64, "N": 32}),
     ("mean(x) over the last dim of 64x32", {"M": 64, "N": 32}),
+    # a method on a call's result was not a formula: the words gave a row max with an abs prologue
+    ("x.abs().max() on 64x32", {"M": 1, "N": 64 * 32}),
+    ("y = x.relu().sum(-1) on 64x32", {"M": 64, "N": 32}),
 ])
 def test_a_reduction_call_without_a_dim_reduces_every_element(text, dims):
     assert spec_of(text).dims == dims

@@ -113,6 +113,12 @@ class _FormulaParser:
             if self.peek("op", "^") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "t":
                 self.i += 2
                 node = ("T", node)
+            elif self.peek("other", ".") and node[0] == "call" and self.i + 2 < len(self.toks) \
+                    and self.toks[self.i + 1][0] == "name" and "." not in self.toks[self.i + 1][1] \
+                    and self.toks[self.i + 2][1] == "(":   # x.abs().max(): a method on a call's result
+                self.i += 1
+                method = self.primary()
+                node = ("call", method[1], [node, *method[2]], method[3])
             elif self.peek("other", ".") and node[0] == "call":   # x.max(dim=-1).values / .indices
                 field = self.toks[self.i + 1][1] if self.i + 1 < len(self.toks) else ""
                 head, _, func = node[1].rpartition(".")
