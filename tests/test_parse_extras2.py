@@ -168,3 +168,11 @@ def test_a_bare_comparison_is_refused_with_the_where_form():
 ])
 def test_a_reduction_call_without_a_dim_reduces_every_element(text, dims):
     assert spec_of(text).dims == dims
+
+
+def test_chained_methods_are_one_formula_and_an_unread_scan_says_how_to_ask():
+    # ".log()" after ".sum(-1)" was taken as a word before the formula phase: refused ("what -1 means")
+    spec = spec_of("x.exp().sum(-1).log() for x 1024x4096")
+    assert (spec.op, spec.params["prologue"], spec.params["epilogue"]) == ("sum", [{"op": "exp"}], [{"op": "log"}])
+    result = parse_request("x.flip(-1).cumsum(-1) on 64x64")   # scans are served: not "not in the catalog"
+    assert not result.ok and "not in the catalog" not in result.message and "cumsum along" in result.message

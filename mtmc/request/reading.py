@@ -132,6 +132,11 @@ def _tensor_calls(text: str) -> list[tuple[int, int]]:
         end = closing(text, m.end(), {"(": 1, ")": -1})
         method = _rx(rf"(?:{VARS})\.").match(text, m.start()) is not None
         if end is not None and (method or _rx(_TENSOR_VAR).search(text[m.end():end - 1])):
+            while (more := _rx(r"\.[a-z_]\w*\(").match(text, end)) is not None:   # x.exp().sum(-1).log()
+                after = closing(text, more.end(), {"(": 1, ")": -1})
+                if after is None:
+                    break
+                end = after
             spans.append((m.start(), end))
     return spans
 
