@@ -176,3 +176,26 @@ def test_chained_methods_are_one_formula_and_an_unread_scan_says_how_to_ask():
     assert (spec.op, spec.params["prologue"], spec.params["epilogue"]) == ("sum", [{"op": "exp"}], [{"op": "log"}])
     result = parse_request("x.flip(-1).cumsum(-1) on 64x64")   # scans are served: not "not in the catalog"
     assert not result.ok and "not in the catalog" not in result.message and "cumsum along" in result.message
+
+
+@pytest.mark.parametrize("text,eps", [
+    # an RMSNorm written out was refused ("uses the input twice", or rsqrt "not in the vocabulary")
+    ("torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * x on 64x96", 1e-6),
+    ("x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + 1e-5) on 64x96", 1e-5),
+    ("x * torch.rsqrt((x*x).mean(-1, keepdim=True) + 1e-6) for x of 64x96", 1e-6),
+])
+def test_a_written_out_rmsnorm_is_the_norm_without_weight(text, eps):
+    from mtmc.kernels.catalog import family_of
+    from mtmc.kernels.task import check
+    from mtmc.tools.hardware import PROFILES
+    spec = spec_of(text)
+    assert (spec.op, spec.params) == ("rmsnorm", {"eps": eps, "affine": False})
+    fam = family_of(spec)
+    ns = {"torch": torch}
+    exec(fam.reference_source(spec), ns)   # noqa: S102 - our own generated reference
+    x = torch.randn(64, 96)
+    torch.testing.assert_close(ns["reference"](x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    result = check(spec, fam.render(spec, fam.default_config(spec, PROFILES["h200"])), spec.dims, device="cpu")
+    assert result.ok, result.reason
+    # over another dim, or without keepdim, it is no row RMSNorm: refused, not misread
+    assert not parse_request("x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6) on 64x64").ok

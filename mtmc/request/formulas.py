@@ -113,7 +113,7 @@ class _FormulaParser:
             if self.peek("op", "^") and self.i + 1 < len(self.toks) and self.toks[self.i + 1][1] == "t":
                 self.i += 2
                 node = ("T", node)
-            elif self.peek("other", ".") and node[0] == "call" and self.i + 2 < len(self.toks) \
+            elif self.peek("other", ".") and node[0] in ("call", "bin") and self.i + 2 < len(self.toks) \
                     and self.toks[self.i + 1][0] == "name" and "." not in self.toks[self.i + 1][1] \
                     and self.toks[self.i + 2][1] == "(":   # x.abs().max(): a method on a call's result
                 self.i += 1
@@ -425,6 +425,11 @@ class _Walker:
                 if c:
                     return self.walk(a) + [("step", {"op": "scale", "value": c}), ("step", {"op": "silu"}),
                                            ("step", {"op": "scale", "value": 1.0 / c})]
+        eps = _rms_form(node, self.main)   # x * rsqrt(mean(x ** 2, -1, keepdim=True) + eps): RMSNorm
+        if eps is not None:
+            self.ctx.value("eps", eps)
+            self.ctx.flags.add("no_affine")   # no weight written: a "* w" after it is an epilogue step
+            return [("core", "norm", "rmsnorm")]
         # a known activation written out (x * tanh(softplus(x)), 0.5 * x * (1 + erf(x / sqrt(2)))):
         # found by its values, as the vocabulary's one-input op (times a number) it equals
         steps = _written_out(node, self.main)
@@ -608,6 +613,37 @@ def _show(node) -> str:
 # -- activations written out, recognised by their values --------------------------------------
 
 _PROBE = (-8.0, 8.0, 801)   # where a written-out formula is compared with the vocabulary's ops
+
+
+def _rms_form(node, main: str) -> float | None:
+    """eps of an RMSNorm written out over the last dim (x * rsqrt(mean(x^2, -1, keepdim) + eps),
+    x / sqrt(...), either order, eps optional: 0.0), else None."""
+    x = ("name", main)
+    _, op, left, right = node
+    if op == "*":
+        root = right if left == x else left if right == x else None
+        inner = root[2][0] if root and root[0] == "call" and root[1] == "rsqrt" and len(root[2]) == 1 else None
+    elif op == "/" and left == x:
+        inner = right[2][0] if right[0] == "call" and right[1] == "sqrt" and len(right[2]) == 1 else None
+    else:
+        return None
+    eps = 0.0
+    if inner is not None and inner[0] == "bin" and inner[1] == "+":
+        for a, b in ((inner[2], inner[3]), (inner[3], inner[2])):
+            if _const(b) is not None:
+                inner, eps = a, _const(b)
+                break
+    if inner is None or inner[0] != "call" or inner[1] != "mean" or not inner[2]:
+        return None
+    _, _, args, kwargs = inner
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    keep = kwargs.get("keepdim", args[2] if len(args) > 2 else None)
+    sq = args[0]
+    squared = (sq in (("bin", "**", x, ("num", 2.0)), ("bin", "*", x, x), ("call", "square", [x], {}))
+               or (sq[0] == "call" and sq[1] == "pow" and sq[2] == [x, ("num", 2.0)]))
+    if not squared or dim is None or _const(dim) != -1 or keep != ("name", "true"):
+        return None
+    return eps
 
 
 def _scaled_by(node, x) -> float | None:
