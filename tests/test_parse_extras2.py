@@ -199,3 +199,26 @@ def test_a_written_out_rmsnorm_is_the_norm_without_weight(text, eps):
     assert result.ok, result.reason
     # over another dim, or without keepdim, it is no row RMSNorm: refused, not misread
     assert not parse_request("x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6) on 64x64").ok
+
+
+@pytest.mark.parametrize("text,op,expected", [
+    # each was refused (the norm word was read as "which norm?", or "uses the input twice")
+    ("x / x.norm(p=2, dim=-1, keepdim=True) on 64x96", "l2norm", lambda x: x / x.norm(p=2, dim=-1, keepdim=True)),
+    ("x / torch.sqrt((x ** 2).sum(dim=-1, keepdim=True)) on 64x96", "l2norm",
+     lambda x: x / torch.sqrt((x ** 2).sum(dim=-1, keepdim=True))),
+    ("x / x.abs().sum(-1, keepdim=True) on 64x96", "l1norm", lambda x: x / x.abs().sum(-1, keepdim=True)),
+    ("x / torch.norm(x, p='fro') on 64x96", "frobenius", lambda x: x / torch.norm(x, p="fro")),
+])
+def test_a_tensor_divided_by_its_vector_norm_is_the_norm_kernel(text, op, expected):
+    from mtmc.kernels.catalog import family_of
+    from mtmc.kernels.task import check
+    from mtmc.tools.hardware import PROFILES
+    spec = spec_of(text)
+    assert spec.op == op
+    fam = family_of(spec)
+    ns = {"torch": torch}
+    exec(fam.reference_source(spec), ns)   # noqa: S102 - our own generated reference
+    x = torch.randn(64, 96)
+    torch.testing.assert_close(ns["reference"](x), expected(x))
+    result = check(spec, fam.render(spec, fam.default_config(spec, PROFILES["h200"])), spec.dims, device="cpu")
+    assert result.ok, result.reason

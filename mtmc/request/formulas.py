@@ -43,7 +43,7 @@ _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "lo
 _BOUND_FUNCS = {"max": "clamp_min", "maximum": "clamp_min", "fmax": "clamp_min",
                 "min": "clamp_max", "minimum": "clamp_max", "fmin": "clamp_max"}
 _OTHER_FUNCS = {"leaky_relu", "relu6", "hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "linear", "sqrt", "t",
-                "transpose", "pow", "where"}
+                "transpose", "pow", "where", "norm"}
 # Known functions outside the vocabulary: a formula using them fails with a clear reason.
 _UNSUPPORTED_FUNCS = {"log1p", "log2", "sin", "cos", "tan", "floor", "ceil", "round", "div", "dropout", "conv2d",
                       "conv1d", "cumsum", "var", "std", "diag", "diagflat", "diag_embed"}
@@ -425,6 +425,9 @@ class _Walker:
                 if c:
                     return self.walk(a) + [("step", {"op": "scale", "value": c}), ("step", {"op": "silu"}),
                                            ("step", {"op": "scale", "value": 1.0 / c})]
+        vector_norm = _vector_norm_form(node, self.main)   # x / x.norm(p=2, dim=-1, keepdim=True) ...
+        if vector_norm:
+            return [("core", "norm", vector_norm)]
         eps = _rms_form(node, self.main)   # x * rsqrt(mean(x ** 2, -1, keepdim=True) + eps): RMSNorm
         if eps is not None:
             self.ctx.value("eps", eps)
@@ -470,6 +473,9 @@ class _Walker:
         _, name, args, kwargs = node
         if name == "where":
             return self.where(node)
+        if name == "norm":
+            self.fail(node, "a vector norm is served as x divided by it (x / x.norm(p=2, dim=-1, keepdim=True), "
+                            "x / torch.norm(x)), or in words ('the L2 norm of each row')")
         if name in _UNSUPPORTED_FUNCS:
             self.fail(node, f"{name} is not in the pointwise vocabulary ({_vocabulary()})")
         if name == "linear":   # F.linear(x, w[, b]) = x @ w^T (+ b)
@@ -613,6 +619,36 @@ def _show(node) -> str:
 # -- activations written out, recognised by their values --------------------------------------
 
 _PROBE = (-8.0, 8.0, 801)   # where a written-out formula is compared with the vocabulary's ops
+
+
+def _row_call(node, name: str) -> list | None:
+    """The arguments of name(arg, dim=-1, keepdim=True) (dim and keepdim by keyword or position)."""
+    if node[0] != "call" or node[1] != name or not node[2]:
+        return None
+    _, _, args, kwargs = node
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    keep = kwargs.get("keepdim", args[2] if len(args) > 2 else None)
+    return args if dim is not None and _const(dim) == -1 and keep == ("name", "true") else None
+
+
+def _vector_norm_form(node, main: str) -> str | None:
+    """x divided by its row's L2 or L1 norm (norm(x, p, dim=-1, keepdim=True), sqrt(sum(x^2)),
+    sum(abs(x))) or by its Frobenius norm (torch.norm(x), p='fro'): the norm family's op, else None."""
+    x = ("name", main)
+    if node[1] != "/" or node[2] != x:
+        return None
+    d = node[3]
+    if d[0] == "call" and d[1] == "norm" and d[2] and d[2][0] == x:
+        p = d[3].get("p", d[2][1] if len(d[2]) > 1 else ("num", 2.0))
+        if "dim" not in d[3] and len(d[2]) <= 2 and p in (("num", 2.0), ("str", "fro")):
+            return "frobenius"
+        row = _row_call(("call", "norm", [x, ("num", 0.0)], d[3]), "norm") if len(d[2]) == 1 else None
+        return {("num", 2.0): "l2norm", ("num", 1.0): "l1norm"}.get(p) if row else None
+    summed = _row_call(d[2][0], "sum") if d[0] == "call" and d[1] == "sqrt" and len(d[2]) == 1 else None
+    if summed and summed[0] in (("bin", "**", x, ("num", 2.0)), ("bin", "*", x, x), ("call", "square", [x], {})):
+        return "l2norm"
+    summed = _row_call(d, "sum")
+    return "l1norm" if summed and summed[0] == ("call", "abs", [x], {}) else None
 
 
 def _rms_form(node, main: str) -> float | None:
