@@ -222,3 +222,14 @@ def test_a_tensor_divided_by_its_vector_norm_is_the_norm_kernel(text, op, expect
     torch.testing.assert_close(ns["reference"](x), expected(x))
     result = check(spec, fam.render(spec, fam.default_config(spec, PROFILES["h200"])), spec.dims, device="cpu")
     assert result.ok, result.reason
+
+
+@pytest.mark.parametrize("text,chain", [
+    # x * (x > 0) was read as x (the comparison evaluated as a power): now relu
+    ("x * (x > 0) on 64x64", [{"op": "relu"}]),
+    # -x ** 2 was (-x) ** 2: Python's -(x ** 2)
+    ("torch.exp(-x ** 2) on 64x64", [{"op": "square"}, {"op": "neg"}, {"op": "exp"}]),
+    ("-x * 3 on 64x64", [{"op": "neg"}, {"op": "scale", "value": 3.0}]),
+])
+def test_comparisons_and_unary_minus_read_as_python_does(text, chain):
+    assert spec_of(text).params["chain"] == chain

@@ -100,9 +100,9 @@ class _FormulaParser:
         return left
 
     def unary(self):
-        if self.peek("op", "-"):
+        if self.peek("op", "-"):   # -x ** 2 is -(x ** 2), as in Python
             self.i += 1
-            return ("neg", self.unary())
+            return ("neg", self.expr(_BIN_PREC["**"]))
         if self.peek("op", "+"):
             self.i += 1
             return self.unary()
@@ -713,6 +713,11 @@ def _evaluate(node, main: str, x):
         if a is None or b is None:
             return None
         op = node[1]
+        if op in _CMP_NAMES:   # x * (x > 0): the mask as 0 / 1 (it was taken for a power)
+            a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+            return getattr(torch, _CMP_NAMES[op])(a, b).to(torch.float64)
+        if op not in ("+", "-", "*", "/", "**", "^"):
+            return None
         return (a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b if op == "/"
                 else torch.pow(torch.as_tensor(a, dtype=torch.float64), b))
     if kind == "call":
