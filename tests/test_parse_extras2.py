@@ -233,3 +233,15 @@ def test_a_tensor_divided_by_its_vector_norm_is_the_norm_kernel(text, op, expect
 ])
 def test_comparisons_and_unary_minus_read_as_python_does(text, chain):
     assert spec_of(text).params["chain"] == chain
+
+
+@pytest.mark.parametrize("text,chain", [
+    # torch.maximum(x, zeros_like(x)) was a max *reduction* over rows: a wrong kernel
+    ("torch.maximum(x, torch.zeros_like(x)) on 64x64", [{"op": "clamp_min", "value": 0.0}]),
+    ("torch.max(x, torch.tensor(0.0)) on 64x64", [{"op": "clamp_min", "value": 0.0}]),
+    # (x + 3).clamp(0, 6): "(0, 6)" was taken for a shape ("size 0 is out of range")
+    ("(x + 3).clamp(0, 6) / 6 on 64x64", [{"op": "shift", "value": 3.0}, {"op": "clamp_min", "value": 0.0},
+                                          {"op": "clamp_max", "value": 6.0}, {"op": "scale", "value": 1 / 6}]),
+])
+def test_constants_written_as_tensors_and_methods_on_parentheses(text, chain):
+    assert spec_of(text).params["chain"] == chain

@@ -184,6 +184,12 @@ def _resolve(node):
         parts = _strip_ns(node[1])
         args = [_resolve(a) for a in node[2]]
         kwargs = {k: _resolve(v) for k, v in node[3].items()}
+        # a constant written as a tensor: zeros_like(x), torch.tensor(0.0), full_like(x, 2) are numbers
+        const = {"zeros_like": 0.0, "ones_like": 1.0}.get(parts[-1]) if len(parts) == 1 and len(args) == 1 else None
+        if parts[-1] in ("full_like", "tensor", "scalar_tensor") and len(parts) == 1 and args:
+            const = _const(args[-1])
+        if const is not None and not kwargs:
+            return ("num", float(const))
         if len(parts) == 2:                       # method call: receiver first
             if parts[1] in ("t", "transpose", "mt"):
                 return ("T", ("name", parts[0]))
