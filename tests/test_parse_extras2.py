@@ -245,3 +245,20 @@ def test_comparisons_and_unary_minus_read_as_python_does(text, chain):
 ])
 def test_constants_written_as_tensors_and_methods_on_parentheses(text, chain):
     assert spec_of(text).params["chain"] == chain
+
+
+@pytest.mark.parametrize("text,expected", [
+    # var / std calls were refused as "not in the pointwise vocabulary"
+    ("x.var(-1) on 64x96", lambda x: x.var(-1)),
+    ("torch.var(x, dim=-1, unbiased=False) on 64x96", lambda x: x.var(-1, unbiased=False)),
+    ("x.std(dim=-1) on 64x96", lambda x: x.std(dim=-1)),
+    ("x.std() on 64x96", lambda x: x.std().reshape(1)),
+])
+def test_var_and_std_calls_are_the_variance_reduction(text, expected):
+    from mtmc.kernels.catalog import family_of
+    spec = spec_of(text)
+    ns = {"torch": torch}
+    exec(family_of(spec).reference_source(spec), ns)   # noqa: S102 - our own generated reference
+    x = torch.randn(64, 96, dtype=torch.float64)
+    rows = x.reshape(spec.dims["M"], spec.dims["N"])
+    torch.testing.assert_close(ns["reference"](rows).reshape(-1), expected(x).reshape(-1))

@@ -43,10 +43,10 @@ _CORE_FUNCS = {"softmax": ("softmax", "softmax"), "log_softmax": ("softmax", "lo
 _BOUND_FUNCS = {"max": "clamp_min", "maximum": "clamp_min", "fmax": "clamp_min",
                 "min": "clamp_max", "minimum": "clamp_max", "fmin": "clamp_max"}
 _OTHER_FUNCS = {"leaky_relu", "relu6", "hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "linear", "sqrt", "t",
-                "transpose", "pow", "where", "norm"}
+                "transpose", "pow", "where", "norm", "var", "std"}
 # Known functions outside the vocabulary: a formula using them fails with a clear reason.
 _UNSUPPORTED_FUNCS = {"log1p", "log2", "sin", "cos", "tan", "floor", "ceil", "round", "div", "dropout", "conv2d",
-                      "conv1d", "cumsum", "var", "std", "diag", "diagflat", "diag_embed"}
+                      "conv1d", "cumsum", "diag", "diagflat", "diag_embed"}
 _KNOWN_FUNCS = (set(_UNARY_FUNCS) | set(_VALUE_FUNCS) | set(_CORE_FUNCS) | set(_BOUND_FUNCS) | _OTHER_FUNCS
                 | _UNSUPPORTED_FUNCS)
 _CONSTANTS = {"pi": math.pi}   # names a formula may use as numbers (math.pi)
@@ -479,6 +479,16 @@ class _Walker:
         _, name, args, kwargs = node
         if name == "where":
             return self.where(node)
+        if name in ("var", "std") and args and self.has_input(args[0]):   # torch.std is var, then sqrt
+            unbiased = kwargs.get("unbiased", ("name", "true"))
+            correction = _const(kwargs["correction"]) if "correction" in kwargs else float(unbiased == ("name", "true"))
+            if correction not in (0.0, 1.0):
+                self.fail(node, "var and std take unbiased=True / False (correction 1 or 0)")
+            if correction == 0.0:
+                self.ctx.flags.add("population")
+            core = self.core(("call", "var", args, {k: v for k, v in kwargs.items()
+                                                    if k not in ("unbiased", "correction")}))
+            return self.walk(args[0]) + [core] + ([("step", {"op": "sqrt"})] if name == "std" else [])
         if name == "norm":
             self.fail(node, "a vector norm is served as x divided by it (x / x.norm(p=2, dim=-1, keepdim=True), "
                             "x / torch.norm(x)), or in words ('the L2 norm of each row')")
