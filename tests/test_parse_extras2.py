@@ -262,3 +262,14 @@ def test_var_and_std_calls_are_the_variance_reduction(text, expected):
     x = torch.randn(64, 96, dtype=torch.float64)
     rows = x.reshape(spec.dims["M"], spec.dims["N"])
     torch.testing.assert_close(ns["reference"](rows).reshape(-1), expected(x).reshape(-1))
+
+
+@pytest.mark.parametrize("text,dims", [
+    # a tuple of dims was taken for a shape ("several shapes (1x2, ...)")
+    ("x.mean(dim=(1, 2)) on 8x16x32", {"M": 8, "N": 512}),
+    ("x.sum(dim=[2, 3]) on 4x8x16x16", {"M": 32, "N": 256}),
+    ("torch.amax(x, dim=(-2, -1)) on 4x8x16x16", {"M": 32, "N": 256}),
+])
+def test_a_tuple_of_dims_in_a_reduction_call(text, dims):
+    assert spec_of(text).dims == dims
+    assert "several dims" in parse_request("softmax(x, dim=(1, 2)) on 4x8x16").message   # was an IndexError

@@ -144,11 +144,19 @@ class _FormulaParser:
         if kind == "name":
             self.i += 1
             return self.call(text) if self.peek("op", "(") else ("name", text)
-        if kind == "op" and text == "(":
+        if kind == "op" and text == "(" or kind == "other" and text == "[":
+            close = ")" if text == "(" else "]"
             self.i += 1
-            node = self.expr(0)
-            self.expect("op", ")")
-            return node
+            items = [self.expr(0)]
+            while self.peek("op", ","):   # (1, 2) / [2, 3]: a tuple of dims
+                self.i += 1
+                if self.peek("op", close) or self.peek("other", close):
+                    break
+                items.append(self.expr(0))
+            if not (self.peek("op", close) or self.peek("other", close)):
+                raise _NoFormula
+            self.i += 1
+            return items[0] if len(items) == 1 and text == "(" else ("tuple", items)
         raise _NoFormula
 
     def call(self, name: str):
@@ -533,10 +541,16 @@ class _Walker:
         dim = kwargs.get("dim", kwargs.get("axis"))
         if dim is None and len(args) > 1 and family != "norm":
             dim = args[1]
-        if dim is not None:
+        if dim is not None and dim[0] == "tuple" and family == "reduction":   # dim=(2, 3): several dims
+            dims = [_const(d) for d in dim[1]]
+            if any(d is None or d != int(d) for d in dims):
+                self.fail(node, "the dims must be numbers")
+            self.ctx.reduce_dim = [int(d) for d in dims]
+        elif dim is not None:
             value = _const(dim)
             if value is None or value != int(value):
-                self.fail(node, "the dim must be a number")
+                self.fail(node, "the dim must be a number" + (" (several dims: sums, means and other reductions only)"
+                                                              if dim[0] == "tuple" else ""))
             self.ctx.reduce_dim = int(value)
         elif family == "reduction":   # torch.sum(x), x.mean(): PyTorch reduces every element (was the last dim)
             self.ctx.reduce_dim = "all elements"
@@ -628,6 +642,8 @@ def _show(node) -> str:
         return _show(node[1]) + "^T"
     if kind == "bin":
         return f"({_show(node[2])} {node[1]} {_show(node[3])})"
+    if kind == "tuple":
+        return "(" + ", ".join(_show(a) for a in node[1]) + ")"
     args = [_show(a) for a in node[2]] + [f"{k}={_show(v)}" for k, v in node[3].items()]
     return f"{node[1]}({', '.join(args)})"
 

@@ -214,7 +214,8 @@ def _read_sizes(ctx: _Ctx) -> None:
     for pattern, split in ((_TUPLE, r"[^\dkm]+"), (_XSHAPE, r"\s*[x*]\s*")):
         for m in ctx.take(pattern):
             # x.clamp(0, 1) or (x + 3).clamp(0, 6): a method's arguments, no shape
-            if pattern == _TUPLE and _rx(rf"(?:(?<![\w.])(?:{VARS})|\))\.[a-z_]\w*$").search(ctx.norm[:m.start()]):
+            if pattern == _TUPLE and _rx(rf"(?:(?<![\w.])(?:{VARS})|\))\.[a-z_]\w*$|\b(?:dims?|axis|axes)\s*=\s*$").search(
+                    ctx.norm[:m.start()]):
                 ctx.s = ctx.s[:m.start()] + m.group(0) + ctx.s[m.end():]   # x.clamp(0, 1): arguments, no shape
                 continue
             _add_shape(ctx, m, [t for t in re.split(split, m.group(0)) if t])
