@@ -159,7 +159,8 @@ WORDS = [
     ("max over dims (1, 2) of a 8x16x32x64 tensor", "max", {"M": 512, "N": 512}, {"inner": 64}),
     ("argmax over dim 1 of a 16x128x512 tensor", "argmax", {"M": 8192, "N": 128}, {"inner": 512}),
     ("sum over dim 0 of a 1024x1024 tensor", "sum", {"M": 1024, "N": 1024}, {"inner": 1024}),
-    ("sum(x) * 2", "sum", {"M": 4096, "N": 4096}, {"epilogue": [{"op": "scale", "value": 2.0}]}),
+    # torch.sum(x) without a dim sums every element (it was a row sum of the default 4096x4096)
+    ("sum(x) * 2", "sum", {"M": 1, "N": 4096 * 4096}, {"epilogue": [{"op": "scale", "value": 2.0}]}),
     ("x ** 3 on a 64x64 tensor", "chain", {"M": 64, "N": 64}, {"chain": [{"op": "pow", "value": 3.0}]}),
     ("sqrt of a 4096x4096 tensor", "chain", {"M": 4096, "N": 4096}, {"chain": [{"op": "sqrt"}]}),
     ("logsumexp over the rows of a 512x30000 fp32 tensor", "logsumexp", {"M": 512, "N": 30000}, {}),

@@ -20,7 +20,7 @@ import math
 from mtmc.kernels import pointwise
 from mtmc.kernels.spec import KernelSpec
 from mtmc.request.build import _around_core, _binds_to_input, _dtype, _one_shape, _steps, _values, _x, variance_params
-from mtmc.request.reading import NUM, _Ctx, _Fail, _Item, _number
+from mtmc.request.reading import DEFAULT_SIZE, NUM, _Ctx, _Fail, _Item, _number
 from mtmc.request.words import is_symbolic, symbolic_axis
 
 _EQ = r"\s*(?:=|:|of|is)?\s*"
@@ -130,6 +130,9 @@ def build_reduction(ctx: _Ctx, op: str) -> KernelSpec:
     core, pre, post = _around_core(ctx)
     _values(ctx, "reduction")
     shape = _one_shape(ctx)
+    if shape is None and ctx.reduce_dim == "all dims" and not ctx.sizes:   # sum(x): the default tensor, as elsewhere
+        shape = [DEFAULT_SIZE, DEFAULT_SIZE]
+        ctx.assume(f"no shape given: using {DEFAULT_SIZE}x{DEFAULT_SIZE}")
     if shape is None:
         raise _Fail(f"a {op} over several dims needs the tensor's shape, e.g. 'over dims 2 and 3 of a 16x64x56x56 "
                     "tensor'.")
