@@ -51,7 +51,7 @@ from mtmc.agents.runner import FRESH_RUN, stream_run
 from mtmc.agents.stream import emit
 from mtmc.kernels.catalog import describe
 from mtmc.kernels.estimate import roofline
-from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec
+from mtmc.kernels.spec import CUSTOM_FAMILY, KernelSpec, tf32_applies
 from mtmc.module import graph_stage
 from mtmc.module.graph_stage import layout
 from mtmc.module.graph_stage.edit import draws_random
@@ -237,13 +237,10 @@ def group(task: GroupTask, runtime: Runtime[Context]) -> dict:
     return {"outcomes": {str(g.id): outcome}}
 
 
-TF32_FAMILIES = ("conv", "matmul")   # the families whose fp32 products may be TF32 (optimize --allow-tf32)
-
-
 def tf32_allowed(spec: dict, allowed: bool) -> dict:
     """The group's spec with allow_tf32 set where the user allowed TF32 and the group is an fp32
     conv or matmul (their kernels then default to one TF32 product per product)."""
-    if not allowed or spec.get("family") not in TF32_FAMILIES or spec.get("dtype") != "float32":
+    if not allowed or not tf32_applies(spec.get("family"), spec.get("dtype")):
         return spec
     return {**spec, "params": {**(spec.get("params") or {}), "allow_tf32": True}}
 

@@ -99,7 +99,8 @@ def register(sub) -> None:
                    "and passed by the guard (experimental: not yet run on a GPU)")
     p.add_argument("--allow-tf32", action="store_true",
                    help="let fp32 conv and matmul groups use TF32 products (10-bit mantissa, as cuDNN's default TF32 "
-                   "convs): faster, with TF32-sized error; the module check's fp32 tolerance widens 16x to match")
+                   "convs): faster, with TF32-sized error; each group's check widens its fp32 bound 16x and the module "
+                   "check 64x to match")
     p.add_argument("--redo", action="store_true", help="for a folder: optimize modules already recorded in OUTDIR again")
     add_cluster_args(p)
     p.set_defaults(func=cmd_optimize)

@@ -128,6 +128,7 @@ MASKED = {"masked_fill": ("tl.where({y} != 0, {v}, {x})", "torch.where({y} != 0,
 # A select step ({"op": "select", "cond": [...], "cmp": "gt", "value": v, "then": [...] or a
 # number, "else": ...}) is torch.where(cond(x) CMP v, then(x), else(x)) on one value x.
 CMP = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+CMP_FLIPPED = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}   # c < x is x > c
 # "bias" adds a vector over the last dim; its operand is [N].
 VECTOR = {"bias": ("({x} + {y})", "({x} + {y})")}
 

@@ -14,6 +14,12 @@ DTYPES = ("float32", "float16", "bfloat16")
 # TF32 products (10-bit mantissa) where the user allows them: fp32's tolerance widened this much
 # (2**-10 against fp32's 1e-4 bound)
 TF32_ERROR_SCALE = 16.0
+TF32_FAMILIES = ("conv", "matmul")   # the families whose fp32 products may be TF32
+
+
+def tf32_applies(family: str, dtype: str) -> bool:
+    """Whether a spec of this family and dtype has products TF32 could run (an fp32 conv or matmul)."""
+    return family in TF32_FAMILIES and dtype == "float32"
 # Not a catalog family: an op outside it whose kernel the coder role's model writes (its params
 # hold the PyTorch reference and the inputs' shapes; module.custom_groups, agents.llm_coder).
 CUSTOM_FAMILY = "custom"

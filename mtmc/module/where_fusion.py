@@ -31,7 +31,6 @@ COMPARE_FUNCTIONS = {q(f): name for name, fs in {
     "eq": (operator.eq, torch.eq), "ne": (operator.ne, torch.ne, torch.not_equal)}.items() for f in fs}
 COMPARE_METHODS = {"gt": "gt", "ge": "ge", "lt": "lt", "le": "le", "eq": "eq", "ne": "ne", "greater": "gt",
                    "less": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne"}
-FLIPPED = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}   # c < x is x > c
 
 
 def _fill_value(v) -> float:
@@ -90,7 +89,7 @@ def _comparison(p, ref) -> tuple[NodeRef, str, float] | None:
         return None
     args, kwargs = p.g.args(ref.name)
     a, b = args[0], _arg(args, kwargs, 1, "other")
-    for value, num, op in ((a, b, cmp), (b, a, FLIPPED[cmp])):
+    for value, num, op in ((a, b, cmp), (b, a, pointwise.CMP_FLIPPED[cmp])):
         if isinstance(value, NodeRef) and isinstance(num, (int, float)) and not isinstance(num, bool):
             return value, op, float(num)
     return None

@@ -16,8 +16,7 @@ _TOKEN = (r"\s*(?:(?P<arrow>->)|(?P<num>(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
 # comparisons bind loosest: where(x + 1 > 0, ...) compares x + 1
 _BIN_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "**": 4, "^": 4,
              ">": 0, "<": 0, ">=": 0, "<=": 0, "==": 0, "!=": 0}
-_CMP_NAMES = {">": "gt", "<": "lt", ">=": "ge", "<=": "le", "==": "eq", "!=": "ne"}
-_CMP_FLIPPED = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}   # 0 < x is x > 0
+_CMP_NAMES = {sym: name for name, sym in pointwise.CMP.items()}   # ">" -> "gt"
 _NAMESPACES = {"torch", "nn", "functional", "f", "math", "tl", "np", "numpy", "triton", "special"}
 _BIAS_NAMES = {"b", "bias"}
 _RESIDUAL_NAMES = {"r", "res", "residual", "skip", "shortcut"}
@@ -464,7 +463,7 @@ class _Walker:
             self.fail(cond, "the condition must compare the input with a number (x > 0)")
         cmp, left, right = _CMP_NAMES[cond[1]], cond[2], cond[3]
         if _const(left) is not None and _const(right) is None:   # 0 < x is x > 0
-            cmp, left, right = _CMP_FLIPPED[cmp], right, left
+            cmp, left, right = pointwise.CMP_FLIPPED[cmp], right, left
         value = _const(right)
         if value is None or not self.has_input(left):
             self.fail(cond, "the condition must compare the input with a number (x > 0)")
@@ -677,7 +676,7 @@ def _vector_norm_form(node, main: str) -> str | None:
         row = _row_call(("call", "norm", [x, ("num", 0.0)], d[3]), "norm") if len(d[2]) == 1 else None
         return {("num", 2.0): "l2norm", ("num", 1.0): "l1norm"}.get(p) if row else None
     summed = _row_call(d[2][0], "sum") if d[0] == "call" and d[1] == "sqrt" and len(d[2]) == 1 else None
-    if summed and summed[0] in (("bin", "**", x, ("num", 2.0)), ("bin", "*", x, x), ("call", "square", [x], {})):
+    if summed and _is_square(summed[0], x):
         return "l2norm"
     summed = _row_call(d, "sum")
     return "l1norm" if summed and summed[0] == ("call", "abs", [x], {}) else None
@@ -701,17 +700,14 @@ def _rms_form(node, main: str) -> float | None:
             if _const(b) is not None:
                 inner, eps = a, _const(b)
                 break
-    if inner is None or inner[0] != "call" or inner[1] != "mean" or not inner[2]:
-        return None
-    _, _, args, kwargs = inner
-    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-    keep = kwargs.get("keepdim", args[2] if len(args) > 2 else None)
-    sq = args[0]
-    squared = (sq in (("bin", "**", x, ("num", 2.0)), ("bin", "*", x, x), ("call", "square", [x], {}))
-               or (sq[0] == "call" and sq[1] == "pow" and sq[2] == [x, ("num", 2.0)]))
-    if not squared or dim is None or _const(dim) != -1 or keep != ("name", "true"):
-        return None
-    return eps
+    meaned = _row_call(inner, "mean") if inner is not None else None
+    return eps if meaned and _is_square(meaned[0], x) else None
+
+
+def _is_square(node, x) -> bool:
+    """node is x squared: x ** 2, x * x, square(x) or pow(x, 2)."""
+    return (node in (("bin", "**", x, ("num", 2.0)), ("bin", "*", x, x), ("call", "square", [x], {}))
+            or (node[0] == "call" and node[1] == "pow" and node[2] == [x, ("num", 2.0)]))
 
 
 def _scaled_by(node, x) -> float | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from mtmc.kernels import pointwise
 from mtmc.kernels.ops import FAMILY_OPS
-from mtmc.kernels.spec import KernelSpec
+from mtmc.kernels.spec import KernelSpec, tf32_applies
 from mtmc.request.attention_words import build_attention, read_attention
 from mtmc.request.build import _BUILDERS, _check_sizes_used, _decide, _x
 from mtmc.request.conv_words import build_conv, read_conv
@@ -149,7 +149,7 @@ def _once(chain: list[dict]) -> list[dict]:
 def _tf32(ctx: _Ctx, spec: KernelSpec) -> None:
     """'tf32' said: a float32 matmul or conv may multiply in TF32 (one product per product, its
     error 16x fp32's bound); other kernels have no products to make TF32."""
-    if spec.family in ("matmul", "conv") and spec.dtype == "float32":
+    if tf32_applies(spec.family, spec.dtype):
         spec.params["allow_tf32"] = True
         ctx.assume("tf32 read as float32 tensors with TF32 products allowed (10-bit mantissa, error "
                    "up to 16x the fp32 bound), as cuDNN's default TF32 convs")

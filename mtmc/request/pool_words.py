@@ -43,11 +43,11 @@ _WORDS = {  # key: patterns whose group v holds the value(s); taken in this orde
 _NAMED_FLAGS = {"ceil_mode": r"ceil[\s_-]*mode", "count_include_pad": r"count[\s_-]*include[\s_-]*pad",
                 "indices": r"return[\s_-]*indices"}
 _FLAGS = {  # key: (pattern, value)
-    "ceil_mode": (r"\bceil(?:ing)?[\s_-]*mode(?:\s*=\s*true)?\b|\bround(?:ing)?\s+up\b", True),
-    "count_include_pad": (r"\b(?:not\s+count(?:ing)?|exclud(?:e|ing))\s+(?:the\s+)?padd(?:ing|ed)(?:\s+values)?\b"
-                          r"|\bcount[\s_-]*include[\s_-]*pad\s*=\s*false\b", False),
+    "ceil_mode": (r"\bceil(?:ing)?[\s_-]*mode\b|\bround(?:ing)?\s+up\b", True),
+    "count_include_pad": (r"\b(?:not\s+count(?:ing)?|exclud(?:e|ing))\s+(?:the\s+)?padd(?:ing|ed)(?:\s+values)?\b",
+                          False),
     "indices": (r"\b(?:with|return(?:ing|s)?|and)\s+(?:the\s+|its\s+)?(?:argmax\s+)?indices\b"
-                r"|\breturn[\s_-]*indices(?:\s*=\s*true)?\b", True),
+                r"|\breturn[\s_-]*indices\b", True),
 }
 
 

@@ -50,10 +50,10 @@ _UNSUPPORTED = [  # (pattern, what it is): the words left once the op phases too
     (r"\btranspos\w*|\bpermut\w*|\breshap\w*|\bconcat\w*", "layout ops (transpose, permute, reshape, concat)"),
     (r"\beinsum\b", "einsum"),
 ]
-# left-over words of ops the catalog does serve (their phase could not read this phrasing)
-_SERVED_ELSEWHERE = {"cumulative sums / scans": "scan"}
-_EXAMPLES = {"cumulative sums / scans": "'cumsum along the rows of a 64x4000 tensor', 'reverse cumsum over dim 1 of "
-             "128x4000', 'exclusive cumsum', or torch.cumsum(x, dim=1)"}
+# left-over words of ops the catalog does serve (their phase could not read this phrasing): what, how to ask
+_SERVED_ELSEWHERE = {"cumulative sums / scans": ("scan", "'cumsum along the rows of a 64x4000 tensor', 'reverse "
+                                                 "cumsum over dim 1 of 128x4000', 'exclusive cumsum', or "
+                                                 "torch.cumsum(x, dim=1)")}
 _UNSUPPORTED_STEPS = (r"\b(?:sqrt|rsqrt|square\s+root|log|ln|log1p|log2|sin|sine|cos|cosine|softplus|mish|elu"
                       r"|selu|celu|hard[\s_-]*(?:swish|sigmoid|tanh)|erf|reciprocal|floor|ceil)\b")
 _LAYOUT_NK = (r"\btranspos\w*\s+(?:the\s+)?(?:weight|w|b|rhs|second\s+(?:matrix|operand))\b"
@@ -158,8 +158,8 @@ def refuse_unsupported(ctx: _Ctx, table=None) -> None:
         for m in ctx.take(pattern):
             ctx.note("unsupported", what)
             if what in _SERVED_ELSEWHERE:   # the catalog has it; this phrasing is what could not be read
-                raise _Fail(f"I could not read this {_SERVED_ELSEWHERE[what]} ('{m.group(0).strip()}'): "
-                            f"say it e.g. as {_EXAMPLES[what]}.")
+                name, examples = _SERVED_ELSEWHERE[what]
+                raise _Fail(f"I could not read this {name} ('{m.group(0).strip()}'): say it e.g. as {examples}.")
             raise _Fail(f"{what[0].upper() + what[1:]} ('{m.group(0).strip()}') is not in the catalog yet, "
                         "so I cannot write it.")
 

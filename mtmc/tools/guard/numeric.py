@@ -159,7 +159,7 @@ def precision_loss(out, ref, eager, allowed: bool = False) -> dict | None:
     ours, half, eager_err = (math.sqrt(x / n) if n else 0.0 for x in (ours, half, eager_sq))
     reduced = (not allowed and half > 0 and PRECISION_FRACTION * half <= ours <= PRECISION_CEILING * half
                and ours > EAGER_ERROR_FACTOR * eager_err)
-    return {"reduced": reduced, "tf32_allowed": allowed, "rms_err": ours, "half_rms_err": half, "eager_rms_err": eager_err}
+    return {"reduced": reduced, "rms_err": ours, "half_rms_err": half, "eager_rms_err": eager_err}
 
 
 def mean(ref) -> float:

@@ -378,6 +378,8 @@ def _same_bits(a, b) -> bool:
 def _judge_outputs(outs: list) -> list[dict]:
     """Each candidate output against the truth: compare, precision, format, fingerprint."""
     trial, results = _RUN["trial"], []
+    # the user allowed TF32 products (optimize --allow-tf32): a TF32-sized error is within the bound
+    tf32 = _RUN.get("tf32", False)
     for j, (r, e) in enumerate(zip(trial["truth"], trial["eager"])):
         o = outs[j] if j < len(outs) else None
         if o is None:
@@ -392,8 +394,6 @@ def _judge_outputs(outs: list) -> list[dict]:
             fmt.append(f"output {j} is {o.dtype}, Model's {e.dtype}")
         if o.device != e.device:
             o = o.to(e.device)
-        # the user allowed TF32 products (optimize --allow-tf32): a TF32-sized error is within the bound
-        tf32 = _RUN.get("tf32", False)
         results.append({"compare": numeric.compare(o, r, e, numeric.TF32_MODULE_SCALE if tf32 else 1.0),
                         "precision": numeric.precision_loss(o, r, e, allowed=tf32),
                         "format": fmt, "fingerprint": numeric.fingerprint(o) if o.is_floating_point() else None})
